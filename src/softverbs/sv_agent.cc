@@ -1,0 +1,554 @@
+// The per-process runtime: devices, key and QP tables, QP listeners, and the
+// agent thread that moves data for QPs whose owner is not polling.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "sv_internal.h"
+
+namespace softverbs {
+
+namespace {
+
+uint64_t Fnv(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+void SetNoDelay(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+struct HelloMsg {
+  uint32_t src_qpn;
+  uint32_t dst_qpn;
+  uint8_t shm_offer;
+  uint8_t pad[7];
+  ShmOffer offer;
+};
+struct HelloAckMsg {
+  uint8_t ok;
+  uint8_t shm_ok;
+};
+
+}  // namespace
+
+Runtime& Runtime::Get() {
+  // Never destroyed: the agent thread may run while the process exits.
+  static Runtime* rt = new Runtime();
+  return *rt;
+}
+
+Runtime::Runtime() {
+  const Config& c = GetConfig();
+  std::random_device rd;
+  int i = 0;
+  for (const DeviceSpec& s : c.devices) {
+    auto* d = new Device();
+    memset(&d->dev, 0, sizeof(d->dev));
+    d->index = i++;
+    d->spec = s;
+    d->dev.node_type = IBV_NODE_CA;
+    d->dev.transport_type = IBV_TRANSPORT_IB;
+    snprintf(d->dev.name, sizeof(d->dev.name), "%s", s.name.c_str());
+    snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%d", d->index);
+    snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "/sys/class/infiniband_verbs/uverbs%d",
+             d->index);
+    snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "/sys/class/infiniband/%s",
+             d->dev.name);
+    uint32_t ip = ntohl(s.addr.s_addr);
+    d->lid = static_cast<uint16_t>(ip & 0xffff);
+    // IPv4-mapped GID, as RoCE v2 reports for an IPv4 address.
+    d->gid.raw[10] = 0xff;
+    d->gid.raw[11] = 0xff;
+    memcpy(&d->gid.raw[12], &s.addr.s_addr, 4);
+    d->guid = htobe64(0x02c9000000000000ULL | (static_cast<uint64_t>(ip) << 8) | d->index);
+    devices.push_back(d);
+    qp_listeners.emplace_back();
+    qpn_next.push_back(256);  // forces a new listener on first use
+  }
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  boot_hash = Fnv(boot);
+  struct stat st {};
+  if (stat("/proc/self/ns/net", &st) == 0) netns = static_cast<uint64_t>(st.st_ino);
+  InstallStatsDump();
+}
+
+uint32_t Runtime::AllocKey() {
+  static uint32_t next = [] {
+    std::random_device rd;
+    return (rd() & 0x00ffff00u) | 0x100u;
+  }();
+  for (;;) {
+    uint32_t k = next;
+    next += 0x101;
+    if (k != 0 && mrs.find(k) == mrs.end()) return k;
+  }
+}
+
+uint32_t Runtime::AllocQpn(Device* dev) {
+  uint32_t& slot = qpn_next[dev->index];
+  auto& ls = qp_listeners[dev->index];
+  if (slot >= 256) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr = dev->spec.addr;
+    socklen_t len = sizeof(a);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(fd, 128) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      Warn("cannot listen on %s for QP connections: %s", inet_ntoa(dev->spec.addr),
+           strerror(errno));
+      close(fd);
+      return 0;
+    }
+    ls.push_back(fd);
+    listener_port[fd] = ntohs(a.sin_port);
+    StartAgent();
+    Watch(fd, new EpollTag{EpollTag::kQpListener, nullptr, fd}, false);
+    slot = 0;
+  }
+  uint16_t port = listener_port[ls.back()];
+  return (static_cast<uint32_t>(port) << 8) | slot++;
+}
+
+Device* Runtime::DeviceForAddr(in_addr a) {
+  for (Device* d : devices)
+    if (d->spec.addr.s_addr == a.s_addr) return d;
+  return nullptr;
+}
+
+Device* Runtime::DeviceForRoute(in_addr dst) {
+  if (Device* d = DeviceForAddr(dst)) return d;
+  uint32_t ip = ntohl(dst.s_addr);
+  if ((ip >> 24) == 127) {
+    for (Device* d : devices)
+      if ((ntohl(d->spec.addr.s_addr) >> 24) == 127) return d;
+  }
+  for (Device* d : devices) {
+    uint32_t m = d->spec.mask.s_addr;
+    if ((d->spec.addr.s_addr & m) == (dst.s_addr & m)) return d;
+  }
+  for (Device* d : devices)
+    if ((ntohl(d->spec.addr.s_addr) >> 24) != 127) return d;
+  return devices.empty() ? nullptr : devices[0];
+}
+
+bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out) {
+  if (ah.is_global) {
+    const uint8_t* g = ah.grh.dgid.raw;
+    static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (memcmp(g, kPrefix, 12) != 0) return false;
+    memcpy(&out->s_addr, g + 12, 4);
+    return true;
+  }
+  if (ah.dlid == 0) return false;
+  uint32_t ip = (ntohl(dev->spec.addr.s_addr) & 0xffff0000u) | ah.dlid;
+  out->s_addr = htonl(ip);
+  return true;
+}
+
+// ----------------------------------------------------------------- agent ---
+
+void Runtime::StartAgent() {
+  std::call_once(agent_once_, [this] {
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = new EpollTag{EpollTag::kWake, nullptr, wake_fd_};
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    std::thread([this] { AgentMain(); }).detach();
+  });
+}
+
+void Runtime::Wake() {
+  if (wake_fd_ < 0) return;
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void Runtime::Watch(int fd, void* tag, bool want_out) {
+  StartAgent();
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (want_out ? EPOLLOUT : 0);
+  ev.data.ptr = tag;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void Runtime::Unwatch(int fd) {
+  if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+bool Runtime::ProgressLinkLocked(Link* l) {
+  if (l->state != LinkState::kUp) return false;
+  bool did = LinkReceive(l);
+  if (l->state == LinkState::kUp && !l->out.empty()) did |= LinkPump(l);
+  return did;
+}
+
+bool Runtime::ProgressLocked() {
+  bool did = false;
+  uint64_t now = NowUs();
+  for (size_t i = 0; i < links.size(); ++i) did |= ProgressLinkLocked(links[i]);
+  for (auto& [qpn, qp] : qps) QpTimersLocked(qp, now);
+  CmTimersLocked(now);
+  // Reap dead links nobody refers to.
+  for (size_t i = 0; i < links.size();) {
+    Link* l = links[i];
+    if (l->state == LinkState::kDead && l->qp == nullptr && l->cm == nullptr) {
+      links[i] = links.back();
+      links.pop_back();
+      delete l;
+    } else {
+      ++i;
+    }
+  }
+  return did;
+}
+
+void Runtime::AgentMain() {
+  const int spin_us = GetConfig().spin_us;
+  uint64_t last_active = NowUs();
+  epoll_event evs[64];
+  for (;;) {
+    int timeout_ms = 0;
+    bool slept = false;
+    if (NowUs() - last_active >= static_cast<uint64_t>(spin_us)) {
+      std::lock_guard<std::mutex> g(mu);
+      for (Link* l : links) LinkSetSleeping(l, true);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      bool pending = false;
+      bool timers = false;
+      for (Link* l : links) {
+        if (LinkHasRxData(l) && !(l->in_payload && !l->in_begun)) pending = true;
+        if (l->in_payload && !l->in_begun) timers = true;
+        if (l->state == LinkState::kConnecting || l->state == LinkState::kHandshake)
+          timers = true;
+      }
+      for (auto& [qpn, qp] : qps)
+        if (qp->link_deadline_us != 0) timers = true;
+      if (pending) {
+        for (Link* l : links) LinkSetSleeping(l, false);
+      } else {
+        timeout_ms = timers ? 1 : 200;
+        slept = true;
+      }
+    }
+    int n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    std::lock_guard<std::mutex> g(mu);
+    if (slept)
+      for (Link* l : links) LinkSetSleeping(l, false);
+    bool did = false;
+    for (int i = 0; i < n; ++i) {
+      auto* tag = static_cast<EpollTag*>(evs[i].data.ptr);
+      switch (tag->kind) {
+        case EpollTag::kWake: {
+          uint64_t v;
+          (void)!read(wake_fd_, &v, sizeof(v));
+          break;
+        }
+        case EpollTag::kQpListener:
+          HandleQpListener(tag->fd);
+          break;
+        case EpollTag::kCmListener:
+          CmHandleListener(tag->obj);
+          break;
+        case EpollTag::kLink:
+          HandleLinkEvent(static_cast<Link*>(tag->obj), evs[i].events);
+          break;
+      }
+      did = true;
+    }
+    did |= ProgressLocked();
+    if (did) last_active = NowUs();
+    else if (!slept) sched_yield();
+  }
+}
+
+// ------------------------------------------------------------ handshakes ---
+
+int ConnectNonBlocking(in_addr addr, uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  SetNoDelay(fd);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr = addr;
+  a.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 && errno != EINPROGRESS) {
+    int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+void CtlSend(Link* l, uint8_t type, const void* body, size_t len) {
+  uint32_t n = static_cast<uint32_t>(len);
+  l->ctl_out.append(reinterpret_cast<const char*>(&n), 4);
+  l->ctl_out.push_back(static_cast<char>(type));
+  l->ctl_out.append(static_cast<const char*>(body), len);
+  CtlFlush(l);
+}
+
+bool CtlFlush(Link* l) {
+  while (!l->ctl_out.empty() && l->fd >= 0) {
+    ssize_t w = send(l->fd, l->ctl_out.data(), l->ctl_out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EINTR) return false;
+      LinkKill(l);
+      return false;
+    }
+    l->ctl_out.erase(0, static_cast<size_t>(w));
+  }
+  return l->ctl_out.empty();
+}
+
+// Reads exactly one control message, never past it: what follows on the
+// socket belongs to the data stream.
+bool CtlPop(Link* l, uint8_t* type, std::string* body) {
+  for (;;) {
+    size_t need = 5;
+    if (l->ctl_in.size() >= 5) {
+      uint32_t n;
+      memcpy(&n, l->ctl_in.data(), 4);
+      if (n > 4096) {
+        Warn("link %s: bad control message length %u; closing", l->peer_desc.c_str(), n);
+        LinkKill(l);
+        return false;
+      }
+      need = 5 + n;
+    }
+    if (l->ctl_in.size() == need && need > 5) break;
+    if (l->ctl_in.size() == 5 && need == 5) break;
+    char buf[4096 + 5];
+    ssize_t r = recv(l->fd, buf, need - l->ctl_in.size(), MSG_DONTWAIT);
+    if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+      LinkKill(l);
+      return false;
+    }
+    if (r < 0) return false;
+    l->ctl_in.append(buf, static_cast<size_t>(r));
+  }
+  *type = static_cast<uint8_t>(l->ctl_in[4]);
+  body->assign(l->ctl_in, 5, std::string::npos);
+  l->ctl_in.clear();
+  return true;
+}
+
+void HandleQpListener(int lfd) {
+  for (;;) {
+    int fd = accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    SetNoDelay(fd);
+    Link* l = NewLink(fd, false);
+    l->deadline_us = NowUs() + 30 * 1000000ULL;
+    l->peer_desc = "qp-accept";
+    Runtime::Get().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
+    HandleLinkEvent(l, EPOLLIN);
+  }
+}
+
+namespace {
+
+// Acceptor of a raw (non-CM) QP connection: the HELLO names our QP.
+void AcceptHello(Link* l, const std::string& body) {
+  HelloMsg h;
+  if (body.size() != sizeof(h)) {
+    LinkKill(l);
+    return;
+  }
+  memcpy(&h, body.data(), sizeof(h));
+  auto& rt = Runtime::Get();
+  auto it = rt.qps.find(h.dst_qpn);
+  Qp* qp = it == rt.qps.end() ? nullptr : it->second;
+  HelloAckMsg ack{};
+  if (qp == nullptr || qp->cm_managed || qp->dest_qpn != h.src_qpn ||
+      (qp->qp.state != IBV_QPS_RTR && qp->qp.state != IBV_QPS_RTS) ||
+      (qp->link != nullptr && qp->link->state != LinkState::kDead)) {
+    Trace("hello for qpn 0x%x from 0x%x refused", h.dst_qpn, h.src_qpn);
+    CtlSend(l, kCtlHelloAck, &ack, sizeof(ack));
+    LinkKill(l);
+    return;
+  }
+  ack.ok = 1;
+  if (h.shm_offer && h.offer.boot_hash == rt.boot_hash && h.offer.netns == rt.netns &&
+      GetConfig().use_shm) {
+    std::string name(h.offer.name, strnlen(h.offer.name, sizeof(h.offer.name)));
+    ack.shm_ok = LinkSetupShmAcceptor(l, name, h.offer.nonce) ? 1 : 0;
+  }
+  CtlSend(l, kCtlHelloAck, &ack, sizeof(ack));
+  if (qp->link != nullptr) {
+    qp->link->qp = nullptr;
+  }
+  qp->link = l;
+  l->qp = qp;
+  char desc[64];
+  snprintf(desc, sizeof(desc), "qpn 0x%x<-0x%x %s", qp->qp.qp_num, h.src_qpn,
+           ack.shm_ok ? "shm" : "tcp");
+  l->peer_desc = desc;
+  l->state = LinkState::kUp;
+  QpLinkUpLocked(qp);
+}
+
+void InitiatorHelloAck(Link* l, const std::string& body) {
+  HelloAckMsg ack{};
+  if (body.size() != sizeof(ack)) {
+    LinkKill(l);
+    return;
+  }
+  memcpy(&ack, body.data(), sizeof(ack));
+  LinkShmConfirmed(l, ack.shm_ok != 0);
+  if (!ack.ok) {
+    // The peer QP is not ready yet (or gone): the QP retries until its
+    // retry budget runs out, like a requester retrying a lost packet.
+    Qp* qp = l->qp;
+    if (qp != nullptr) {
+      qp->link = nullptr;
+      l->qp = nullptr;
+      qp->next_connect_us = NowUs() + 2000;
+    }
+    LinkKill(l);
+    return;
+  }
+  if (l->qp != nullptr) {
+    char desc[64];
+    snprintf(desc, sizeof(desc), "qpn 0x%x->0x%x %s", l->qp->qp.qp_num, l->qp->dest_qpn,
+             l->shm ? "shm" : "tcp");
+    l->peer_desc = desc;
+  }
+  l->state = LinkState::kUp;
+  if (l->qp != nullptr) QpLinkUpLocked(l->qp);
+}
+
+}  // namespace
+
+// Starts the raw-path connection of an initiating QP (the side with the
+// lower address/QPN) to its peer's QP listener.
+void QpTryConnectLocked(Qp* qp) {
+  uint16_t port = static_cast<uint16_t>(qp->dest_qpn >> 8);
+  int fd = ConnectNonBlocking(qp->peer_addr, port);
+  if (fd < 0) {
+    qp->next_connect_us = NowUs() + 2000;
+    return;
+  }
+  Link* l = NewLink(fd, true);
+  l->qp = qp;
+  qp->link = l;
+  l->peer_desc = "qp-connect";
+  HelloMsg h{};
+  h.src_qpn = qp->qp.qp_num;
+  h.dst_qpn = qp->dest_qpn;
+  if (LinkSetupShmInitiator(l)) {
+    h.shm_offer = 1;
+    snprintf(h.offer.name, sizeof(h.offer.name), "%s", l->shm_name.c_str());
+    h.offer.nonce = l->shm_nonce;
+    h.offer.boot_hash = Runtime::Get().boot_hash;
+    h.offer.netns = Runtime::Get().netns;
+    h.offer.ring_bytes = GetConfig().ring_bytes;
+  }
+  // Queued now, sent once connect() completes.
+  uint32_t n = sizeof(h);
+  l->ctl_out.append(reinterpret_cast<const char*>(&n), 4);
+  l->ctl_out.push_back(static_cast<char>(kCtlHello));
+  l->ctl_out.append(reinterpret_cast<const char*>(&h), sizeof(h));
+  Runtime::Get().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
+}
+
+void HandleLinkEvent(Link* l, uint32_t events) {
+  if (l->state == LinkState::kDead) return;
+  if (l->state == LinkState::kConnecting) {
+    if (!(events & (EPOLLOUT | EPOLLERR | EPOLLHUP))) return;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(l->fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == EINPROGRESS) return;
+    if (err != 0) {
+      Trace("link %s: connect: %s", l->peer_desc.c_str(), strerror(err));
+      if (l->qp != nullptr && !l->qp->cm_managed) {
+        Qp* qp = l->qp;
+        qp->link = nullptr;
+        l->qp = nullptr;
+        qp->next_connect_us = NowUs() + 2000;
+      }
+      l->connect_error = err;
+      LinkKill(l);
+      return;
+    }
+    l->state = LinkState::kHandshake;
+  }
+  if (l->state == LinkState::kHandshake) {
+    CtlFlush(l);
+    uint8_t type;
+    std::string body;
+    while (l->state == LinkState::kHandshake && CtlPop(l, &type, &body)) {
+      if (type == kCtlHello && !l->initiator) {
+        AcceptHello(l, body);
+      } else if (type == kCtlHelloAck && l->initiator) {
+        InitiatorHelloAck(l, body);
+      } else if (!CmHandleCtl(l, type, body)) {
+        Warn("link %s: unexpected control message %u; closing", l->peer_desc.c_str(), type);
+        LinkKill(l);
+      }
+    }
+    if (l->state != LinkState::kUp) return;
+  }
+  if (l->state != LinkState::kUp) return;
+  if (l->shm != nullptr) {
+    // Only doorbells and EOF arrive on the socket in this mode.
+    char buf[256];
+    for (;;) {
+      ssize_t r = recv(l->fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (r > 0) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      LinkReceive(l);  // what the peer wrote before it went away
+      LinkKill(l);
+      return;
+    }
+  }
+  Runtime::Get().ProgressLinkLocked(l);
+}
+
+}  // namespace softverbs
+
+namespace softverbs {
+namespace {
+CmHooks g_cm_hooks{};
+}  // namespace
+
+void SetCmHooks(const CmHooks& hooks) { g_cm_hooks = hooks; }
+void CmHandleListener(void* listener) {
+  if (g_cm_hooks.listener) g_cm_hooks.listener(listener);
+}
+bool CmHandleCtl(Link* l, uint8_t type, const std::string& body) {
+  return g_cm_hooks.ctl ? g_cm_hooks.ctl(l, type, body) : false;
+}
+void CmLinkDead(Link* l) {
+  if (g_cm_hooks.link_dead) g_cm_hooks.link_dead(l);
+}
+void CmDisconnectFrame(Link* l) {
+  if (g_cm_hooks.disconnect) g_cm_hooks.disconnect(l);
+}
+void CmTimersLocked(uint64_t now) {
+  if (g_cm_hooks.timers) g_cm_hooks.timers(now);
+}
+}  // namespace softverbs

@@ -1,0 +1,1081 @@
+// librdmacm over softverbs: event channels, ids, address and route
+// resolution, listen/connect/accept/reject/disconnect with private data at
+// InfiniBand's sizes, and the event sequences of rdma_cm(7).
+//
+// An RDMA CM port P is served by a TCP listener on port P ^ 0x8000 of the
+// same address, so RDMA CM and TCP port spaces stay separate (a TCP server
+// and an RDMA CM server can share one address and port, as on hardware).
+// The accepted connection then carries the connection's data (TCP mode) or
+// its doorbells (shared-memory mode).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <set>
+
+#include "sv_internal.h"
+
+namespace softverbs {
+
+struct EventChannel;
+enum class CmState { kIdle, kBound, kListen, kAddr, kRoute, kConnecting, kReqRcvd,
+                     kAccepting, kResponse, kConnected, kDisconnected, kRejected };
+
+struct CmId {
+  rdma_cm_id id;  // first: handed out as rdma_cm_id*
+  EventChannel* chan = nullptr;
+  bool sync = false;
+  CmState state = CmState::kIdle;
+  Device* dev = nullptr;
+  int listen_fd = -1;
+  EpollTag* listen_tag = nullptr;
+  Link* link = nullptr;
+  uint32_t peer_qpn = 0;
+  rdma_conn_param peer{};
+  uint64_t deadline_us = 0;
+  int unacked = 0;  // events handed out and not yet acked
+  std::condition_variable acked;
+  bool owns_cqs = false;
+  CmId* listener = nullptr;  // for a child, until it is accepted
+};
+
+constexpr size_t kReqPdata = 56;   // RDMA_PS_TCP REQ private data
+constexpr size_t kRepPdata = 196;
+constexpr size_t kRejPdata = 148;
+constexpr int kRejConsumer = 28;       // IB CM reject reason: consumer
+constexpr int kRejInvalidService = 8;  // nobody listening
+constexpr uint64_t kConnectTimeoutUs = 5000000;
+
+
+
+struct CmEvent {
+  rdma_cm_event ev;
+  uint8_t pdata[256];
+  CmId* owner = nullptr;
+  bool dead = false;
+};
+
+struct EventChannel {
+  rdma_event_channel ch;
+  int wfd = -1;
+  std::mutex mu;
+  std::deque<CmEvent*> q;
+};
+
+namespace {
+
+struct CmReq {
+  uint32_t qpn;
+  uint16_t src_port;
+  uint8_t responder_resources, initiator_depth, flow_control, retry_count, rnr_retry_count, srq;
+  uint8_t pdata_len;
+  uint8_t pdata[kReqPdata];
+  uint8_t shm_offer;
+  ShmOffer offer;
+};
+struct CmRep {
+  uint32_t qpn;
+  uint8_t responder_resources, initiator_depth, flow_control, rnr_retry_count, srq;
+  uint8_t pdata_len;
+  uint8_t pdata[kRepPdata];
+  uint8_t shm_ok;
+};
+struct CmRej {
+  uint8_t pdata_len;
+  uint8_t pdata[kRejPdata];
+};
+
+std::set<CmId*>& Ids() {
+  static auto* s = new std::set<CmId*>();
+  return *s;
+}
+
+Runtime& Rt() { return Runtime::Get(); }
+
+ibv_context* DeviceContext(Device* d) {
+  static std::vector<ibv_context*>* ctxs = new std::vector<ibv_context*>();
+  if (ctxs->size() < Rt().devices.size()) ctxs->resize(Rt().devices.size(), nullptr);
+  ibv_context*& c = (*ctxs)[d->index];
+  if (c == nullptr) c = ibv_open_device(&d->dev);
+  return c;
+}
+
+ibv_pd* DevicePd(Device* d) {
+  static std::vector<ibv_pd*>* pds = new std::vector<ibv_pd*>();
+  if (pds->size() < Rt().devices.size()) pds->resize(Rt().devices.size(), nullptr);
+  ibv_pd*& p = (*pds)[d->index];
+  if (p == nullptr) p = ibv_alloc_pd(DeviceContext(d));
+  return p;
+}
+
+uint16_t TcpPortFor(uint16_t cm_port) {
+  return static_cast<uint16_t>(cm_port ^ GetConfig().cm_port_xor);
+}
+
+// Queues an event on the id's channel. Caller holds Rt().mu.
+void PushEvent(CmId* id, rdma_cm_event_type type, int status, CmId* listen = nullptr,
+               const void* pdata = nullptr, size_t pdata_len = 0, size_t pad_to = 0) {
+  auto* e = new CmEvent();
+  memset(&e->ev, 0, sizeof(e->ev));
+  e->ev.id = &id->id;
+  e->ev.listen_id = listen ? &listen->id : nullptr;
+  e->ev.event = type;
+  e->ev.status = status;
+  e->owner = listen ? listen : id;
+  rdma_conn_param& c = e->ev.param.conn;
+  c = id->peer;
+  if (pad_to > 0) {
+    memset(e->pdata, 0, sizeof(e->pdata));
+    if (pdata_len > 0) memcpy(e->pdata, pdata, std::min(pdata_len, pad_to));
+    c.private_data = e->pdata;
+    c.private_data_len = static_cast<uint8_t>(pad_to);
+  } else {
+    c.private_data = nullptr;
+    c.private_data_len = 0;
+  }
+  c.qp_num = id->peer_qpn;
+  EventChannel* ch = (listen ? listen : id)->chan;
+  Trace("cm: event %s status %d for id %p", rdma_event_str(type), status, (void*)id);
+  {
+    std::lock_guard<std::mutex> g(ch->mu);
+    ch->q.push_back(e);
+  }
+  char token = 1;
+  (void)!write(ch->wfd, &token, 1);
+}
+
+bool ToSin(const sockaddr* a, sockaddr_in* out) {
+  if (a == nullptr) return false;
+  if (a->sa_family == AF_INET) {
+    memcpy(out, a, sizeof(*out));
+    return true;
+  }
+  if (a->sa_family == AF_INET6) {
+    auto* s6 = reinterpret_cast<const sockaddr_in6*>(a);
+    memset(out, 0, sizeof(*out));
+    out->sin_family = AF_INET;
+    out->sin_port = s6->sin6_port;
+    if (IN6_IS_ADDR_UNSPECIFIED(&s6->sin6_addr)) return true;
+    if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+      memcpy(&out->sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+      return true;
+    }
+  }
+  return false;
+}
+
+void SetSrc(CmId* id, const sockaddr_in& a) {
+  memset(&id->id.route.addr.src_storage, 0, sizeof(id->id.route.addr.src_storage));
+  memcpy(&id->id.route.addr.src_sin, &a, sizeof(a));
+}
+void SetDst(CmId* id, const sockaddr_in& a) {
+  memset(&id->id.route.addr.dst_storage, 0, sizeof(id->id.route.addr.dst_storage));
+  memcpy(&id->id.route.addr.dst_sin, &a, sizeof(a));
+}
+
+void AttachDevice(CmId* id, Device* d) {
+  id->dev = d;
+  id->id.verbs = DeviceContext(d);
+  id->id.port_num = 1;
+  id->id.pd = DevicePd(d);
+}
+
+Qp* IdQp(CmId* id) {
+  if (id->id.qp == nullptr) return nullptr;
+  auto it = Rt().qps.find(id->id.qp->qp_num);
+  return it == Rt().qps.end() ? nullptr : it->second;
+}
+
+// Moves a CM-managed QP to RTS against the peer's QPN and binds the link.
+void ConnectQp(CmId* id, const rdma_conn_param& mine) {
+  Qp* qp = IdQp(id);
+  if (qp == nullptr || id->link == nullptr) return;
+  qp->cm_managed = true;
+  qp->dest_qpn = id->peer_qpn;
+  qp->peer_addr = id->id.route.addr.dst_sin.sin_addr;
+  if (qp->qp.state == IBV_QPS_INIT) qp->qp.state = IBV_QPS_RTR;
+  qp->rnr_retry = mine.rnr_retry_count > 7 ? 7 : mine.rnr_retry_count;
+  qp->retry_cnt = mine.retry_count > 7 ? 7 : mine.retry_count;
+  if (qp->qp.state == IBV_QPS_RTR) qp->qp.state = IBV_QPS_RTS;
+  if (qp->link != nullptr && qp->link != id->link) {
+    Link* old = qp->link;
+    old->qp = nullptr;
+    LinkKill(old);
+  }
+  qp->link = id->link;
+  id->link->qp = qp;
+}
+
+void LinkUp(CmId* id) {
+  Link* l = id->link;
+  char desc[96];
+  snprintf(desc, sizeof(desc), "cm %s:%u %s", inet_ntoa(id->id.route.addr.dst_sin.sin_addr),
+           ntohs(id->id.route.addr.dst_sin.sin_port), l->shm ? "shm" : "tcp");
+  l->peer_desc = desc;
+  l->state = LinkState::kUp;
+  if (l->qp != nullptr) QpLinkUpLocked(l->qp);
+}
+
+void DropLink(CmId* id) {
+  if (Link* l = id->link) {
+    id->link = nullptr;
+    l->cm = nullptr;
+    if (l->qp != nullptr) {
+      Qp* qp = l->qp;
+      l->qp = nullptr;
+      qp->link = nullptr;
+      if (qp->qp.state == IBV_QPS_RTS || qp->qp.state == IBV_QPS_RTR)
+        QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+    }
+    LinkPump(l);
+    LinkKill(l);
+  }
+}
+
+// ------------------------------------------------------ agent-side hooks ---
+
+void OnListener(void* obj) {
+  auto* lid = static_cast<CmId*>(obj);
+  for (;;) {
+    int fd = accept4(lid->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    Link* l = NewLink(fd, false);
+    l->cm = lid;
+    l->cm_listener_side = true;
+    l->deadline_us = NowUs() + kConnectTimeoutUs;
+    l->peer_desc = "cm-accept";
+    Rt().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
+    HandleLinkEvent(l, EPOLLIN);
+  }
+}
+
+void OnReq(Link* l, const std::string& body) {
+  CmId* lid = l->cm;
+  CmReq r;
+  if (body.size() != sizeof(r) || Ids().count(lid) == 0 || lid->state != CmState::kListen) {
+    LinkKill(l);
+    return;
+  }
+  memcpy(&r, body.data(), sizeof(r));
+  if (r.pdata_len > kReqPdata) r.pdata_len = kReqPdata;
+  auto* c = new CmId();
+  memset(&c->id, 0, sizeof(c->id));
+  c->id.channel = lid->id.channel;
+  c->chan = lid->chan;
+  c->sync = lid->sync;
+  c->id.context = lid->id.context;
+  c->id.ps = lid->id.ps;
+  c->id.qp_type = lid->id.qp_type;
+  c->listener = lid;
+  sockaddr_in local{}, peer{};
+  socklen_t len = sizeof(local);
+  getsockname(l->fd, reinterpret_cast<sockaddr*>(&local), &len);
+  len = sizeof(peer);
+  getpeername(l->fd, reinterpret_cast<sockaddr*>(&peer), &len);
+  local.sin_port = lid->id.route.addr.src_sin.sin_port;
+  peer.sin_port = htons(r.src_port);
+  SetSrc(c, local);
+  SetDst(c, peer);
+  Device* d = Rt().DeviceForAddr(local.sin_addr);
+  if (d == nullptr) d = lid->dev ? lid->dev : Rt().DeviceForRoute(peer.sin_addr);
+  if (d == nullptr) {
+    delete c;
+    LinkKill(l);
+    return;
+  }
+  AttachDevice(c, d);
+  c->peer_qpn = r.qpn;
+  c->peer.responder_resources = r.initiator_depth;
+  c->peer.initiator_depth = r.responder_resources;
+  c->peer.flow_control = r.flow_control;
+  c->peer.retry_count = r.retry_count;
+  c->peer.rnr_retry_count = r.rnr_retry_count;
+  c->peer.srq = r.srq;
+  if (r.shm_offer && r.offer.boot_hash == Rt().boot_hash && r.offer.netns == Rt().netns &&
+      GetConfig().use_shm) {
+    r.offer.name[sizeof(r.offer.name) - 1] = 0;
+    LinkSetupShmAcceptor(l, r.offer.name, r.offer.nonce);
+  }
+  l->cm = c;
+  l->cm_listener_side = false;
+  l->deadline_us = 0;
+  c->link = l;
+  c->state = CmState::kReqRcvd;
+  Ids().insert(c);
+  PushEvent(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0, lid, r.pdata, r.pdata_len, kReqPdata);
+}
+
+void OnRep(Link* l, const std::string& body) {
+  CmId* id = l->cm;
+  CmRep r;
+  if (body.size() != sizeof(r) || id->state != CmState::kConnecting) {
+    LinkKill(l);
+    return;
+  }
+  memcpy(&r, body.data(), sizeof(r));
+  if (r.pdata_len > kRepPdata) r.pdata_len = kRepPdata;
+  LinkShmConfirmed(l, r.shm_ok != 0);
+  id->peer_qpn = r.qpn;
+  id->peer.responder_resources = r.initiator_depth;
+  id->peer.initiator_depth = r.responder_resources;
+  id->peer.flow_control = r.flow_control;
+  id->peer.rnr_retry_count = r.rnr_retry_count;
+  id->peer.srq = r.srq;
+  id->deadline_us = 0;
+  l->deadline_us = 0;
+  if (IdQp(id) == nullptr) {
+    id->state = CmState::kResponse;
+    PushEvent(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, nullptr, r.pdata, r.pdata_len, kRepPdata);
+    return;
+  }
+  rdma_conn_param mine{};
+  Qp* qp = IdQp(id);
+  mine.rnr_retry_count = qp->rnr_retry;
+  mine.retry_count = qp->retry_cnt;
+  ConnectQp(id, mine);
+  CtlSend(l, kCtlCmRtu, "", 0);
+  id->state = CmState::kConnected;
+  LinkUp(id);
+  PushEvent(id, RDMA_CM_EVENT_ESTABLISHED, 0, nullptr, r.pdata, r.pdata_len, kRepPdata);
+}
+
+void OnRej(Link* l, const std::string& body) {
+  CmId* id = l->cm;
+  CmRej r{};
+  if (body.size() != sizeof(r) || id->state != CmState::kConnecting) {
+    LinkKill(l);
+    return;
+  }
+  memcpy(&r, body.data(), sizeof(r));
+  if (r.pdata_len > kRejPdata) r.pdata_len = kRejPdata;
+  LinkShmConfirmed(l, false);
+  id->state = CmState::kRejected;
+  DropLink(id);
+  if (Qp* qp = IdQp(id)) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+  PushEvent(id, RDMA_CM_EVENT_REJECTED, kRejConsumer, nullptr, r.pdata, r.pdata_len, kRejPdata);
+}
+
+void OnRtu(Link* l) {
+  CmId* id = l->cm;
+  if (id->state != CmState::kAccepting) {
+    LinkKill(l);
+    return;
+  }
+  id->state = CmState::kConnected;
+  LinkUp(id);
+  PushEvent(id, RDMA_CM_EVENT_ESTABLISHED, 0);
+}
+
+bool OnCtl(Link* l, uint8_t type, const std::string& body) {
+  if (l->cm == nullptr) return false;
+  switch (type) {
+    case kCtlCmReq:
+      if (!l->cm_listener_side) return false;
+      OnReq(l, body);
+      return true;
+    case kCtlCmRep:
+      if (l->cm_listener_side || !l->initiator) return false;
+      OnRep(l, body);
+      return true;
+    case kCtlCmRej:
+      if (l->cm_listener_side || !l->initiator) return false;
+      OnRej(l, body);
+      return true;
+    case kCtlCmRtu:
+      if (l->cm_listener_side || l->initiator) return false;
+      OnRtu(l);
+      return true;
+    default:
+      return false;
+  }
+}
+
+void Disconnected(CmId* id) {
+  if (id->state != CmState::kConnected) return;
+  id->state = CmState::kDisconnected;
+  if (Qp* qp = IdQp(id)) {
+    if (qp->qp.state != IBV_QPS_ERR && qp->qp.state != IBV_QPS_RESET)
+      QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+  }
+  PushEvent(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+}
+
+void OnLinkDead(Link* l) {
+  CmId* id = l->cm;
+  l->cm = nullptr;
+  if (id == nullptr || l->cm_listener_side) return;
+  if (id->link == l) id->link = nullptr;
+  switch (id->state) {
+    case CmState::kConnecting:
+      id->state = CmState::kRejected;
+      if (l->connect_error == ECONNREFUSED) {
+        PushEvent(id, RDMA_CM_EVENT_REJECTED, kRejInvalidService, nullptr, nullptr, 0,
+                  kRejPdata);
+      } else {
+        PushEvent(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET);
+      }
+      break;
+    case CmState::kReqRcvd:
+    case CmState::kAccepting:
+      id->state = CmState::kDisconnected;
+      PushEvent(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET);
+      break;
+    case CmState::kResponse:
+    case CmState::kConnected:
+      Disconnected(id);
+      break;
+    default:
+      break;
+  }
+}
+
+void OnDisconnectFrame(Link* l) {
+  CmId* id = l->cm;
+  if (id == nullptr) return;
+  Disconnected(id);
+  DropLink(id);
+}
+
+void OnTimers(uint64_t now) {
+  for (CmId* id : Ids()) {
+    if (id->state == CmState::kConnecting && id->deadline_us != 0 && now > id->deadline_us) {
+      id->deadline_us = 0;
+      id->state = CmState::kRejected;
+      DropLink(id);
+      PushEvent(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
+    }
+  }
+  for (Link* l : Rt().links) {
+    if (l->deadline_us != 0 && now > l->deadline_us && l->state != LinkState::kUp &&
+        l->state != LinkState::kDead && l->cm_listener_side) {
+      LinkKill(l);  // a connection that never sent its request
+    }
+  }
+}
+
+__attribute__((constructor)) void InstallHooks() {
+  SetCmHooks(CmHooks{OnListener, OnCtl, OnLinkDead, OnDisconnectFrame, OnTimers});
+}
+
+int Fail(int e) {
+  errno = e;
+  return -1;
+}
+
+CmId* ToId(rdma_cm_id* id) { return reinterpret_cast<CmId*>(id); }
+
+// Synchronous ids (created without a channel) wait for their own event.
+int WaitSync(CmId* id, rdma_cm_event_type want, rdma_cm_event** out = nullptr) {
+  rdma_cm_event* e = nullptr;
+  if (rdma_get_cm_event(&id->chan->ch, &e) != 0) return -1;
+  int status = e->status;
+  rdma_cm_event_type got = e->event;
+  if (out != nullptr && got == want) {
+    *out = e;
+    return 0;
+  }
+  rdma_ack_cm_event(e);
+  if (got == want) return 0;
+  if (got == RDMA_CM_EVENT_REJECTED) return Fail(ECONNREFUSED);
+  return Fail(status < 0 ? -status : (status ? status : EIO));
+}
+
+}  // namespace
+}  // namespace softverbs
+
+using namespace softverbs;
+
+extern "C" {
+
+rdma_event_channel* rdma_create_event_channel(void) {
+  if (Rt().devices.empty()) {
+    errno = ENODEV;
+    return nullptr;
+  }
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return nullptr;
+  auto* ch = new EventChannel();
+  ch->ch.fd = p[0];
+  ch->wfd = p[1];
+  return &ch->ch;
+}
+
+void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  auto* ch = reinterpret_cast<EventChannel*>(channel);
+  close(ch->ch.fd);
+  close(ch->wfd);
+  for (CmEvent* e : ch->q) delete e;
+  delete ch;
+}
+
+int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
+                   rdma_port_space ps) {
+  if (out == nullptr) return Fail(EINVAL);
+  if (ps != RDMA_PS_TCP && ps != RDMA_PS_IB) return Fail(EOPNOTSUPP);
+  auto* id = new CmId();
+  memset(&id->id, 0, sizeof(id->id));
+  if (channel == nullptr) {
+    channel = rdma_create_event_channel();
+    if (channel == nullptr) {
+      delete id;
+      return -1;
+    }
+    id->sync = true;
+  }
+  id->chan = reinterpret_cast<EventChannel*>(channel);
+  id->id.channel = channel;
+  id->id.context = context;
+  id->id.ps = ps;
+  id->id.qp_type = IBV_QPT_RC;
+  std::lock_guard<std::mutex> g(Rt().mu);
+  Ids().insert(id);
+  *out = &id->id;
+  return 0;
+}
+
+int rdma_destroy_id(rdma_cm_id* cid) {
+  CmId* id = ToId(cid);
+  std::unique_lock<std::mutex> lk(Rt().mu);
+  id->acked.wait(lk, [&] { return id->unacked == 0; });
+  Ids().erase(id);
+  {
+    std::lock_guard<std::mutex> g(id->chan->mu);
+    for (CmEvent* e : id->chan->q)
+      if (e->owner == id || e->ev.id == cid) e->dead = true;
+  }
+  DropLink(id);
+  for (Link* l : Rt().links)
+    if (l->cm == id) l->cm = nullptr;
+  if (id->listen_fd >= 0) {
+    Rt().Unwatch(id->listen_fd);
+    close(id->listen_fd);
+  }
+  bool sync = id->sync && id->listener == nullptr;
+  rdma_event_channel* ch = &id->chan->ch;
+  lk.unlock();
+  if (sync) rdma_destroy_event_channel(ch);
+  delete id;
+  return 0;
+}
+
+int rdma_bind_addr(rdma_cm_id* cid, sockaddr* addr) {
+  CmId* id = ToId(cid);
+  sockaddr_in a;
+  if (!ToSin(addr, &a)) return Fail(EAFNOSUPPORT);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  if (id->state != CmState::kIdle) return Fail(EINVAL);
+  Device* d = nullptr;
+  if (a.sin_addr.s_addr != htonl(INADDR_ANY)) {
+    d = Rt().DeviceForAddr(a.sin_addr);
+    if (d == nullptr) return Fail(ENODEV);
+  }
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in t = a;
+  if (a.sin_port != 0) t.sin_port = htons(TcpPortFor(ntohs(a.sin_port)));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&t), sizeof(t)) != 0) {
+    int e = errno;
+    close(fd);
+    return Fail(e);
+  }
+  socklen_t len = sizeof(t);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&t), &len);
+  a.sin_port = htons(TcpPortFor(ntohs(t.sin_port)));
+  id->listen_fd = fd;
+  SetSrc(id, a);
+  if (d != nullptr) AttachDevice(id, d);
+  id->state = CmState::kBound;
+  return 0;
+}
+
+int rdma_listen(rdma_cm_id* cid, int backlog) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  if (id->state != CmState::kBound || id->listen_fd < 0) return Fail(EINVAL);
+  if (listen(id->listen_fd, backlog > 0 ? backlog : 128) != 0) return -1;
+  id->state = CmState::kListen;
+  id->listen_tag = new EpollTag{EpollTag::kCmListener, id, id->listen_fd};
+  Rt().Watch(id->listen_fd, id->listen_tag, false);
+  return 0;
+}
+
+int rdma_resolve_addr(rdma_cm_id* cid, sockaddr* src, sockaddr* dst, int) {
+  CmId* id = ToId(cid);
+  sockaddr_in d, s{};
+  if (!ToSin(dst, &d) || d.sin_addr.s_addr == htonl(INADDR_ANY)) return Fail(EINVAL);
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (id->state != CmState::kIdle && id->state != CmState::kBound) return Fail(EINVAL);
+    Device* dev = nullptr;
+    if (src != nullptr && ToSin(src, &s) && s.sin_addr.s_addr != htonl(INADDR_ANY)) {
+      dev = Rt().DeviceForAddr(s.sin_addr);
+      if (dev == nullptr) return Fail(ENODEV);
+    } else if (id->dev != nullptr) {
+      dev = id->dev;
+    } else {
+      dev = Rt().DeviceForRoute(d.sin_addr);
+    }
+    if (dev == nullptr) return Fail(ENODEV);
+    AttachDevice(id, dev);
+    if (id->state == CmState::kIdle) {
+      s.sin_family = AF_INET;
+      s.sin_addr = dev->spec.addr;
+      s.sin_port = 0;
+      SetSrc(id, s);
+    }
+    SetDst(id, d);
+    id->state = CmState::kAddr;
+    PushEvent(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+  }
+  return id->sync ? WaitSync(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
+}
+
+int rdma_resolve_route(rdma_cm_id* cid, int) {
+  CmId* id = ToId(cid);
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (id->state != CmState::kAddr) return Fail(EINVAL);
+    if (id->id.route.path_rec == nullptr) {
+      id->id.route.path_rec = static_cast<ibv_sa_path_rec*>(calloc(1, sizeof(ibv_sa_path_rec)));
+      id->id.route.num_paths = 1;
+      id->id.route.path_rec->mtu = IBV_MTU_4096;
+      id->id.route.path_rec->pkey = htobe16(0xffff);
+    }
+    id->state = CmState::kRoute;
+    PushEvent(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+  }
+  return id->sync ? WaitSync(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
+}
+
+int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
+  CmId* id = ToId(cid);
+  if (id->id.verbs == nullptr || attr == nullptr) return Fail(EINVAL);
+  if (pd == nullptr) pd = id->id.pd;
+  ibv_qp_init_attr a = *attr;
+  bool made_cqs = false;
+  if (a.send_cq == nullptr || a.recv_cq == nullptr) {
+    if (id->id.send_cq == nullptr) {
+      int n = static_cast<int>(std::max(a.cap.max_send_wr, a.cap.max_recv_wr)) + 1;
+      id->id.send_cq_channel = ibv_create_comp_channel(id->id.verbs);
+      id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
+      id->id.send_cq = ibv_create_cq(id->id.verbs, n, cid, id->id.send_cq_channel, 0);
+      id->id.recv_cq = ibv_create_cq(id->id.verbs, n, cid, id->id.recv_cq_channel, 0);
+      if (id->id.send_cq == nullptr || id->id.recv_cq == nullptr) return -1;
+      made_cqs = true;
+    }
+    if (a.send_cq == nullptr) a.send_cq = id->id.send_cq;
+    if (a.recv_cq == nullptr) a.recv_cq = id->id.recv_cq;
+  }
+  ibv_qp* qp = ibv_create_qp(pd, &a);
+  if (qp == nullptr) return -1;
+  attr->cap = a.cap;
+  std::lock_guard<std::mutex> g(Rt().mu);
+  Qp* q = ToQp(qp);
+  q->cm_managed = true;
+  q->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  q->qp.state = IBV_QPS_INIT;
+  id->id.qp = qp;
+  id->owns_cqs = made_cqs || id->owns_cqs;
+  return 0;
+}
+
+int rdma_create_qp_ex(rdma_cm_id* cid, ibv_qp_init_attr_ex* ex) {
+  ibv_qp_init_attr a{};
+  a.qp_context = ex->qp_context;
+  a.send_cq = ex->send_cq;
+  a.recv_cq = ex->recv_cq;
+  a.srq = ex->srq;
+  a.cap = ex->cap;
+  a.qp_type = ex->qp_type;
+  a.sq_sig_all = ex->sq_sig_all;
+  ibv_pd* pd = (ex->comp_mask & IBV_QP_INIT_ATTR_PD) ? ex->pd : nullptr;
+  int r = rdma_create_qp(cid, pd, &a);
+  if (r == 0) ex->cap = a.cap;
+  return r;
+}
+
+void rdma_destroy_qp(rdma_cm_id* cid) {
+  CmId* id = ToId(cid);
+  if (id->id.qp != nullptr) ibv_destroy_qp(id->id.qp);
+  id->id.qp = nullptr;
+  if (id->owns_cqs) {
+    ibv_destroy_cq(id->id.send_cq);
+    ibv_destroy_cq(id->id.recv_cq);
+    ibv_destroy_comp_channel(id->id.send_cq_channel);
+    ibv_destroy_comp_channel(id->id.recv_cq_channel);
+    id->id.send_cq = id->id.recv_cq = nullptr;
+    id->id.send_cq_channel = id->id.recv_cq_channel = nullptr;
+    id->owns_cqs = false;
+  }
+}
+
+int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
+  CmId* id = ToId(cid);
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (id->state != CmState::kRoute) return Fail(EINVAL);
+    if (param != nullptr && param->private_data_len > kReqPdata) return Fail(EINVAL);
+    sockaddr_in d = id->id.route.addr.dst_sin;
+    int fd = ConnectNonBlocking(d.sin_addr, TcpPortFor(ntohs(d.sin_port)));
+    if (fd < 0) return -1;
+    Link* l = NewLink(fd, true);
+    l->cm = id;
+    l->peer_desc = "cm-connect";
+    l->deadline_us = NowUs() + kConnectTimeoutUs;
+    id->link = l;
+    CmReq r{};
+    Qp* qp = IdQp(id);
+    r.qpn = qp ? qp->qp.qp_num : 0;
+    sockaddr_in s = id->id.route.addr.src_sin;
+    if (s.sin_port == 0) {
+      sockaddr_in local{};
+      socklen_t len = sizeof(local);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len);
+      s.sin_port = local.sin_port;
+      SetSrc(id, s);
+    }
+    r.src_port = ntohs(s.sin_port);
+    if (param != nullptr) {
+      r.responder_resources = param->responder_resources;
+      r.initiator_depth = param->initiator_depth;
+      r.flow_control = param->flow_control;
+      r.retry_count = param->retry_count;
+      r.rnr_retry_count = param->rnr_retry_count;
+      r.srq = param->srq;
+      r.pdata_len = param->private_data_len;
+      if (param->private_data_len > 0 && param->private_data != nullptr)
+        memcpy(r.pdata, param->private_data, param->private_data_len);
+      if (qp != nullptr) {
+        qp->rnr_retry = param->rnr_retry_count > 7 ? 7 : param->rnr_retry_count;
+        qp->retry_cnt = param->retry_count > 7 ? 7 : param->retry_count;
+      }
+    }
+    if (LinkSetupShmInitiator(l)) {
+      r.shm_offer = 1;
+      snprintf(r.offer.name, sizeof(r.offer.name), "%s", l->shm_name.c_str());
+      r.offer.nonce = l->shm_nonce;
+      r.offer.boot_hash = Rt().boot_hash;
+      r.offer.netns = Rt().netns;
+      r.offer.ring_bytes = GetConfig().ring_bytes;
+    }
+    uint32_t n = sizeof(r);
+    l->ctl_out.append(reinterpret_cast<const char*>(&n), 4);
+    l->ctl_out.push_back(static_cast<char>(kCtlCmReq));
+    l->ctl_out.append(reinterpret_cast<const char*>(&r), sizeof(r));
+    id->state = CmState::kConnecting;
+    id->deadline_us = NowUs() + kConnectTimeoutUs;
+    Rt().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
+  }
+  if (!id->sync) return 0;
+  return WaitSync(id, IdQp(id) ? RDMA_CM_EVENT_ESTABLISHED : RDMA_CM_EVENT_CONNECT_RESPONSE);
+}
+
+int rdma_accept(rdma_cm_id* cid, rdma_conn_param* param) {
+  CmId* id = ToId(cid);
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (id->state != CmState::kReqRcvd || id->link == nullptr) return Fail(EINVAL);
+    if (param != nullptr && param->private_data_len > kRepPdata) return Fail(EINVAL);
+    Link* l = id->link;
+    CmRep r{};
+    rdma_conn_param mine{};
+    mine.rnr_retry_count = 7;
+    mine.retry_count = 7;
+    if (param != nullptr) {
+      mine = *param;
+      r.responder_resources = param->responder_resources;
+      r.initiator_depth = param->initiator_depth;
+      r.flow_control = param->flow_control;
+      r.rnr_retry_count = param->rnr_retry_count;
+      r.srq = param->srq;
+      r.pdata_len = param->private_data_len;
+      if (param->private_data_len > 0 && param->private_data != nullptr)
+        memcpy(r.pdata, param->private_data, param->private_data_len);
+    }
+    // On IB the REQ's RNR retry count governs what this side sends.
+    mine.rnr_retry_count = id->peer.rnr_retry_count;
+    mine.retry_count = id->peer.retry_count;
+    Qp* qp = IdQp(id);
+    r.qpn = qp ? qp->qp.qp_num : 0;
+    r.shm_ok = l->shm != nullptr ? 1 : 0;
+    if (qp != nullptr) ConnectQp(id, mine);
+    CtlSend(l, kCtlCmRep, &r, sizeof(r));
+    id->state = CmState::kAccepting;
+  }
+  return id->sync ? WaitSync(id, RDMA_CM_EVENT_ESTABLISHED) : 0;
+}
+
+int rdma_reject(rdma_cm_id* cid, const void* pdata, uint8_t len) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  if (id->state != CmState::kReqRcvd || id->link == nullptr) return Fail(EINVAL);
+  if (len > kRejPdata) return Fail(EINVAL);
+  CmRej r{};
+  r.pdata_len = len;
+  if (len > 0 && pdata != nullptr) memcpy(r.pdata, pdata, len);
+  CtlSend(id->link, kCtlCmRej, &r, sizeof(r));
+  id->state = CmState::kRejected;
+  DropLink(id);
+  return 0;
+}
+
+int rdma_establish(rdma_cm_id* cid) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  if (id->state != CmState::kResponse || id->link == nullptr) return Fail(EINVAL);
+  Qp* qp = IdQp(id);
+  if (qp != nullptr) {
+    rdma_conn_param mine{};
+    mine.rnr_retry_count = qp->rnr_retry;
+    mine.retry_count = qp->retry_cnt;
+    ConnectQp(id, mine);
+  }
+  CtlSend(id->link, kCtlCmRtu, "", 0);
+  id->state = CmState::kConnected;
+  LinkUp(id);
+  return 0;
+}
+
+int rdma_disconnect(rdma_cm_id* cid) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  if (id->state != CmState::kConnected) {
+    if (id->state == CmState::kDisconnected) return 0;
+    return Fail(EINVAL);
+  }
+  if (Link* l = id->link) {
+    OutFrame f;
+    f.hdr.type = kFrameDisconnect;
+    if (Qp* qp = IdQp(id)) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+    LinkEnqueue(l, std::move(f));
+    LinkPump(l);
+  }
+  Disconnected(id);
+  return 0;
+}
+
+int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  auto* ch = reinterpret_cast<EventChannel*>(channel);
+  if (event == nullptr) return Fail(EINVAL);
+  for (;;) {
+    char token;
+    ssize_t r = read(ch->ch.fd, &token, 1);
+    if (r != 1) {
+      if (r == 0) errno = ENODATA;
+      return -1;
+    }
+    CmEvent* e = nullptr;
+    {
+      std::lock_guard<std::mutex> g(ch->mu);
+      if (ch->q.empty()) continue;
+      e = ch->q.front();
+      ch->q.pop_front();
+    }
+    if (e->dead) {
+      delete e;
+      continue;
+    }
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (Ids().count(e->owner)) ++e->owner->unacked;
+    else e->owner = nullptr;
+    *event = &e->ev;
+    return 0;
+  }
+}
+
+int rdma_ack_cm_event(rdma_cm_event* event) {
+  auto* e = reinterpret_cast<CmEvent*>(event);
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (e->owner != nullptr && Ids().count(e->owner)) {
+      --e->owner->unacked;
+      e->owner->acked.notify_all();
+    }
+  }
+  delete e;
+  return 0;
+}
+
+const char* rdma_event_str(rdma_cm_event_type event) {
+  static const char* kNames[] = {
+      "RDMA_CM_EVENT_ADDR_RESOLVED", "RDMA_CM_EVENT_ADDR_ERROR",
+      "RDMA_CM_EVENT_ROUTE_RESOLVED", "RDMA_CM_EVENT_ROUTE_ERROR",
+      "RDMA_CM_EVENT_CONNECT_REQUEST", "RDMA_CM_EVENT_CONNECT_RESPONSE",
+      "RDMA_CM_EVENT_CONNECT_ERROR", "RDMA_CM_EVENT_UNREACHABLE", "RDMA_CM_EVENT_REJECTED",
+      "RDMA_CM_EVENT_ESTABLISHED", "RDMA_CM_EVENT_DISCONNECTED",
+      "RDMA_CM_EVENT_DEVICE_REMOVAL", "RDMA_CM_EVENT_MULTICAST_JOIN",
+      "RDMA_CM_EVENT_MULTICAST_ERROR", "RDMA_CM_EVENT_ADDR_CHANGE",
+      "RDMA_CM_EVENT_TIMEWAIT_EXIT"};
+  return (event >= 0 && event < 16) ? kNames[event] : "UNKNOWN EVENT";
+}
+
+int rdma_set_option(rdma_cm_id*, int, int, void*, size_t) { return 0; }
+
+int rdma_migrate_id(rdma_cm_id* cid, rdma_event_channel* channel) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  id->chan = reinterpret_cast<EventChannel*>(channel);
+  id->id.channel = channel;
+  id->sync = false;
+  return 0;
+}
+
+int rdma_notify(rdma_cm_id*, ibv_event_type) { return 0; }
+
+__be16 rdma_get_src_port(rdma_cm_id* id) { return id->route.addr.src_sin.sin_port; }
+__be16 rdma_get_dst_port(rdma_cm_id* id) { return id->route.addr.dst_sin.sin_port; }
+
+ibv_context** rdma_get_devices(int* num) {
+  auto& rt = Rt();
+  std::lock_guard<std::mutex> g(rt.mu);
+  auto** list = static_cast<ibv_context**>(calloc(rt.devices.size() + 1, sizeof(ibv_context*)));
+  for (size_t i = 0; i < rt.devices.size(); ++i) list[i] = DeviceContext(rt.devices[i]);
+  if (num) *num = static_cast<int>(rt.devices.size());
+  return list;
+}
+
+void rdma_free_devices(ibv_context** list) { free(list); }
+
+int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
+  CmId* id = ToId(cid);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  memset(attr, 0, sizeof(*attr));
+  Qp* qp = IdQp(id);
+  ibv_qp_state cur = qp ? qp->qp.state : IBV_QPS_RESET;
+  if (cur == IBV_QPS_RESET) {
+    attr->qp_state = IBV_QPS_INIT;
+    attr->port_num = 1;
+    attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                            IBV_ACCESS_REMOTE_READ;
+    *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
+  } else if (cur == IBV_QPS_INIT) {
+    attr->qp_state = IBV_QPS_RTR;
+    attr->path_mtu = IBV_MTU_4096;
+    attr->dest_qp_num = id->peer_qpn;
+    attr->max_dest_rd_atomic = id->peer.responder_resources;
+    attr->min_rnr_timer = 12;
+    attr->ah_attr.is_global = 1;
+    memcpy(&attr->ah_attr.grh.dgid.raw[12], &id->id.route.addr.dst_sin.sin_addr, 4);
+    attr->ah_attr.grh.dgid.raw[10] = attr->ah_attr.grh.dgid.raw[11] = 0xff;
+    attr->ah_attr.port_num = 1;
+    *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+            IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    if (qp) qp->cm_managed = true;  // the CM link carries this QP
+  } else {
+    attr->qp_state = IBV_QPS_RTS;
+    attr->timeout = 14;
+    attr->retry_cnt = 7;
+    attr->rnr_retry = 7;
+    attr->max_rd_atomic = id->peer.initiator_depth;
+    *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+            IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  }
+  return 0;
+}
+
+int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
+                     rdma_addrinfo** res) {
+  addrinfo h{}, *ai = nullptr;
+  h.ai_family = AF_INET;
+  h.ai_socktype = SOCK_STREAM;
+  bool passive = hints != nullptr && (hints->ai_flags & RAI_PASSIVE);
+  if (passive) h.ai_flags |= AI_PASSIVE;
+  if (hints != nullptr && (hints->ai_flags & RAI_NUMERICHOST)) h.ai_flags |= AI_NUMERICHOST;
+  int r = getaddrinfo(node, service, &h, &ai);
+  if (r != 0) {
+    errno = ENOENT;
+    return r;
+  }
+  auto* out = static_cast<rdma_addrinfo*>(calloc(1, sizeof(rdma_addrinfo)));
+  out->ai_flags = hints ? hints->ai_flags : 0;
+  out->ai_family = AF_INET;
+  out->ai_qp_type = IBV_QPT_RC;
+  out->ai_port_space = RDMA_PS_TCP;
+  auto* sa = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_in)));
+  memcpy(sa, ai->ai_addr, sizeof(sockaddr_in));
+  if (passive) {
+    out->ai_src_addr = sa;
+    out->ai_src_len = sizeof(sockaddr_in);
+  } else {
+    out->ai_dst_addr = sa;
+    out->ai_dst_len = sizeof(sockaddr_in);
+  }
+  freeaddrinfo(ai);
+  *res = out;
+  return 0;
+}
+
+void rdma_freeaddrinfo(rdma_addrinfo* res) {
+  while (res != nullptr) {
+    rdma_addrinfo* next = res->ai_next;
+    free(res->ai_src_addr);
+    free(res->ai_dst_addr);
+    free(res->ai_src_canonname);
+    free(res->ai_dst_canonname);
+    free(res->ai_connect);
+    free(res);
+    res = next;
+  }
+}
+
+int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd,
+                   ibv_qp_init_attr* qp_init_attr) {
+  rdma_cm_id* id = nullptr;
+  if (rdma_create_id(nullptr, &id, nullptr, static_cast<rdma_port_space>(res->ai_port_space)) != 0)
+    return -1;
+  int r = 0;
+  if (res->ai_flags & RAI_PASSIVE) {
+    r = rdma_bind_addr(id, res->ai_src_addr);
+  } else {
+    r = rdma_resolve_addr(id, res->ai_src_addr, res->ai_dst_addr, 2000);
+    if (r == 0) r = rdma_resolve_route(id, 2000);
+  }
+  if (r == 0 && qp_init_attr != nullptr && !(res->ai_flags & RAI_PASSIVE))
+    r = rdma_create_qp(id, pd, qp_init_attr);
+  if (r != 0) {
+    int e = errno;
+    rdma_destroy_id(id);
+    errno = e;
+    return -1;
+  }
+  *out = id;
+  return 0;
+}
+
+void rdma_destroy_ep(rdma_cm_id* id) {
+  if (id->qp != nullptr) rdma_destroy_qp(id);
+  rdma_destroy_id(id);
+}
+
+int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
+  CmId* id = ToId(listen);
+  if (!id->sync) return Fail(EINVAL);
+  rdma_cm_event* e = nullptr;
+  if (WaitSync(id, RDMA_CM_EVENT_CONNECT_REQUEST, &e) != 0) return -1;
+  *out = e->id;
+  rdma_ack_cm_event(e);
+  return 0;
+}
+
+int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return Fail(EOPNOTSUPP); }
+int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
+  return Fail(EOPNOTSUPP);
+}
+int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return Fail(EOPNOTSUPP); }
+int rdma_create_srq(rdma_cm_id*, ibv_pd*, ibv_srq_init_attr*) { return Fail(EOPNOTSUPP); }
+int rdma_create_srq_ex(rdma_cm_id*, ibv_srq_init_attr_ex*) { return Fail(EOPNOTSUPP); }
+void rdma_destroy_srq(rdma_cm_id*) {}
+int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
+int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
+int rdma_reject_ece(rdma_cm_id* id, const void* pdata, uint8_t len) {
+  return rdma_reject(id, pdata, len);
+}
+
+}  // extern "C"

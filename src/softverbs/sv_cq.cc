@@ -1,0 +1,175 @@
+// Completion queues and completion channels.
+//
+// A completion channel is a pipe: one 8-byte record (the CQ) per event, so
+// its fd is pollable, honours O_NONBLOCK and a thread blocked reading it can
+// be cancelled, as with the kernel's.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "sv_internal.h"
+
+namespace softverbs {
+
+void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
+  if (cq == nullptr) return;
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> g(cq->mu);
+    if (static_cast<int>(cq->entries.size()) >= cq->cq.cqe) {
+      if (!cq->overrun) Warn("CQ %p overrun (%d entries): completion lost", (void*)cq, cq->cq.cqe);
+      cq->overrun = true;
+      return;
+    }
+    cq->entries.push_back(wc);
+    if (cq->armed && (!cq->solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
+      cq->armed = false;
+      notify = cq->cq.channel != nullptr;
+      if (notify) ++cq->events_reported;
+    }
+  }
+  if (notify) {
+    auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
+    ibv_cq* p = &cq->cq;
+    (void)!write(ch->wfd, &p, sizeof(p));
+  }
+}
+
+int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
+  Cq* cq = ToCq(ibcq);
+  auto take = [&] {
+    std::lock_guard<std::mutex> g(cq->mu);
+    int got = 0;
+    while (got < n && !cq->entries.empty()) {
+      wc[got++] = cq->entries.front();
+      cq->entries.pop_front();
+    }
+    return got;
+  };
+  int got = take();
+  if (got > 0 || n <= 0) return got;
+  // Progress on poll: an application that busy-polls drives its own QPs'
+  // wires, without a hop through the agent thread.
+  Runtime& rt = Runtime::Get();
+  std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
+  if (!lk.owns_lock()) return 0;
+  bool did = false;
+  for (Qp* qp : cq->qps)
+    if (qp->link != nullptr) did |= rt.ProgressLinkLocked(qp->link);
+  lk.unlock();
+  return did ? take() : 0;
+}
+
+int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
+  Cq* cq = ToCq(ibcq);
+  std::lock_guard<std::mutex> g(cq->mu);
+  cq->armed = true;
+  cq->solicited_only = solicited_only != 0;
+  return 0;
+}
+
+}  // namespace softverbs
+
+using namespace softverbs;
+
+extern "C" {
+
+ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return nullptr;
+  auto* ch = new CompChannel();
+  ch->ch.context = context;
+  ch->ch.fd = p[0];
+  ch->ch.refcnt = 0;
+  ch->wfd = p[1];
+  return &ch->ch;
+}
+
+int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
+  auto* ch = reinterpret_cast<CompChannel*>(channel);
+  std::lock_guard<std::mutex> g(Runtime::Get().mu);
+  if (ch->ch.refcnt != 0) return EBUSY;
+  close(ch->ch.fd);
+  close(ch->wfd);
+  delete ch;
+  return 0;
+}
+
+ibv_cq* ibv_create_cq(ibv_context* context, int cqe, void* cq_context,
+                      ibv_comp_channel* channel, int comp_vector) {
+  const Config& c = GetConfig();
+  if (cqe <= 0 || cqe > c.max_cqe || comp_vector < 0 ||
+      comp_vector >= context->num_comp_vectors) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  auto* cq = new Cq();
+  cq->cq.context = context;
+  cq->cq.channel = channel;
+  cq->cq.cq_context = cq_context;
+  cq->cq.cqe = cqe;
+  pthread_mutex_init(&cq->cq.mutex, nullptr);
+  pthread_cond_init(&cq->cq.cond, nullptr);
+  if (channel != nullptr) {
+    std::lock_guard<std::mutex> g(Runtime::Get().mu);
+    ++channel->refcnt;
+  }
+  return &cq->cq;
+}
+
+int ibv_resize_cq(ibv_cq* ibcq, int cqe) {
+  Cq* cq = ToCq(ibcq);
+  std::lock_guard<std::mutex> g(cq->mu);
+  if (cqe <= 0 || cqe > GetConfig().max_cqe || cqe < static_cast<int>(cq->entries.size()))
+    return EINVAL;
+  cq->cq.cqe = cqe;
+  return 0;
+}
+
+int ibv_destroy_cq(ibv_cq* ibcq) {
+  Cq* cq = ToCq(ibcq);
+  Runtime& rt = Runtime::Get();
+  {
+    std::lock_guard<std::mutex> g(rt.mu);
+    if (!cq->qps.empty()) return EBUSY;
+  }
+  // As with rdma-core: wait until every reported event has been acked.
+  pthread_mutex_lock(&cq->cq.mutex);
+  for (;;) {
+    uint32_t reported;
+    {
+      std::lock_guard<std::mutex> g(cq->mu);
+      reported = cq->events_reported;
+    }
+    if (cq->cq.comp_events_completed >= reported) break;
+    pthread_cond_wait(&cq->cq.cond, &cq->cq.mutex);
+  }
+  pthread_mutex_unlock(&cq->cq.mutex);
+  if (cq->cq.channel != nullptr) {
+    std::lock_guard<std::mutex> g(rt.mu);
+    --cq->cq.channel->refcnt;
+  }
+  pthread_mutex_destroy(&cq->cq.mutex);
+  pthread_cond_destroy(&cq->cq.cond);
+  delete cq;
+  return 0;
+}
+
+int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  ibv_cq* p = nullptr;
+  ssize_t r = read(channel->fd, &p, sizeof(p));
+  if (r != static_cast<ssize_t>(sizeof(p))) return -1;
+  *cq = p;
+  *cq_context = p->cq_context;
+  return 0;
+}
+
+void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
+  pthread_mutex_lock(&cq->mutex);
+  cq->comp_events_completed += nevents;
+  pthread_cond_signal(&cq->cond);
+  pthread_mutex_unlock(&cq->mutex);
+}
+
+}  // extern "C"

@@ -1,0 +1,393 @@
+// softverbs internals: the objects behind the verbs handles, the per-process
+// runtime and its agent thread.
+//
+// Threading model (one rule for the whole device):
+// - Runtime::mu guards every QP, link, MR table and CM object. Verbs calls
+//   take it; the agent thread takes it while it moves data; ibv_poll_cq tries
+//   it to make progress when its CQ is empty (progress on poll).
+// - Each CQ has its own lock for its completion queue, so polling a
+//   non-empty CQ never waits on data movement.
+// - Nothing that can block (socket connect, sleeping) runs under Runtime::mu.
+#ifndef SOFTVERBS_SV_INTERNAL_H_
+#define SOFTVERBS_SV_INTERNAL_H_
+
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace softverbs {
+
+// ---------------------------------------------------------------- config ---
+
+// One soft device: an RDMA port bound to one of the host's IPv4 addresses.
+struct DeviceSpec {
+  std::string name;
+  in_addr addr{};
+  in_addr mask{};
+};
+
+// Everything softverbs reads from the environment (SOFTVERBS_*), parsed once.
+struct Config {
+  std::vector<DeviceSpec> devices;
+  int spin_us = 20;              // agent busy-polls this long after activity
+  size_t ring_bytes = 1 << 20;   // shared-memory ring per direction per QP
+  bool use_shm = true;           // same host and netns: shared memory wire
+  int delay_us = 0;              // fault: hold every inbound frame this long
+  long drop_after_ops = 0;       // fault: cut a QP's wire after N send WRs
+  long fail_wr = 0;              // fault: the Nth send WR of a QP fails
+  int fail_status = IBV_WC_GENERAL_ERR;
+  int max_qp_wr = 16384;         // device limits (fault: shrink them)
+  int max_cqe = 65536;
+  int max_sge = 16;
+  int max_inline = 256;
+  std::string stats;             // "", "stderr" or a file to append to
+  bool trace = false;
+  int cm_port_xor = 0x8000;      // RDMA CM port P listens on TCP port P^xor
+};
+
+const Config& GetConfig();
+void Trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void Warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t NowUs();
+
+// ----------------------------------------------------------------- stats ---
+
+enum StatOp { kStatSend, kStatSendImm, kStatWrite, kStatWriteImm, kStatRead,
+              kStatRecv, kStatNumOps };
+void CountTx(int dev_index, StatOp op, uint64_t bytes);
+void CountRx(int dev_index, StatOp op, uint64_t bytes);
+void InstallStatsDump();
+
+// --------------------------------------------------------------- objects ---
+
+struct Device {
+  ibv_device dev;  // first: handed out as ibv_device*
+  int index = 0;
+  DeviceSpec spec;
+  uint16_t lid = 0;
+  ibv_gid gid{};
+  uint64_t guid = 0;
+};
+
+struct Context {
+  verbs_context vctx;  // ends with the ibv_context handed out
+  Device* device = nullptr;
+  int async_pipe[2] = {-1, -1};
+};
+
+struct Pd {
+  ibv_pd pd;
+};
+
+struct Mr {
+  ibv_mr mr;
+  int access = 0;
+};
+
+struct Cq;
+struct Qp;
+struct Link;
+
+struct CompChannel {
+  ibv_comp_channel ch;
+  int wfd = -1;
+};
+
+struct Cq {
+  ibv_cq cq;
+  std::mutex mu;
+  std::deque<ibv_wc> entries;  // guarded by mu
+  bool armed = false;          // guarded by mu
+  bool solicited_only = false;
+  bool overrun = false;
+  uint32_t events_reported = 0;
+  std::vector<Qp*> qps;  // guarded by Runtime::mu
+};
+
+struct SendWr {
+  uint64_t wr_id = 0;
+  ibv_wr_opcode opcode = IBV_WR_SEND;
+  unsigned flags = 0;
+  uint32_t imm = 0;
+  uint64_t remote_addr = 0;
+  uint32_t rkey = 0;
+  std::vector<ibv_sge> sge;
+  std::string inline_data;  // IBV_SEND_INLINE: copied at post time
+  uint64_t length = 0;
+  uint64_t seq = 0;
+  bool queued = false;      // handed to the link
+  bool signaled = false;
+  int fail_status = 0;      // completes with this error instead (fault, bad lkey)
+  bool drop_link = false;   // fault: cut the wire once this WR is sent
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  std::vector<ibv_sge> sge;
+};
+
+// Wire frame header. Every frame on a link starts with one.
+enum FrameType : uint8_t {
+  kFrameSend = 1,
+  kFrameWrite = 2,
+  kFrameReadReq = 3,
+  kFrameReadResp = 4,
+  kFrameAck = 5,
+  kFrameNak = 6,
+  kFrameDisconnect = 7,
+};
+enum FrameFlags : uint8_t { kFlagImm = 1, kFlagSolicited = 2 };
+
+struct FrameHdr {
+  uint8_t type;
+  uint8_t flags;
+  uint8_t rnr_retry;
+  uint8_t pad;
+  uint32_t imm;
+  uint32_t rkey;
+  uint32_t aux;     // NAK: ibv_wc_status; READ_REQ: bytes asked for
+  uint64_t seq;
+  uint64_t addr;
+  uint64_t len;     // payload bytes that follow this header
+};
+static_assert(sizeof(FrameHdr) == 40, "wire layout");
+
+struct OutFrame {
+  FrameHdr hdr{};
+  std::vector<iovec> iov;  // payload, borrowed from registered memory
+  std::string owned;       // payload owned by the frame (inline data)
+  size_t sent = 0;         // bytes of header + payload written so far
+  size_t total() const { return sizeof(FrameHdr) + hdr.len; }
+};
+
+enum class LinkState { kConnecting, kHandshake, kUp, kDead };
+
+struct ShmRing;
+
+// A QP's wire: a socket (data in TCP mode; doorbells, liveness and the
+// handshake in both modes) plus, in shared-memory mode, two rings.
+struct Link {
+  int fd = -1;
+  LinkState state = LinkState::kConnecting;
+  bool initiator = false;
+  Qp* qp = nullptr;
+  // shared memory mode
+  void* shm = nullptr;
+  size_t shm_size = 0;
+  ShmRing* tx = nullptr;
+  ShmRing* rx = nullptr;
+  std::string shm_name;  // set while we own the name (initiator, pre-ack)
+  uint64_t shm_nonce = 0;
+  // outbound
+  std::deque<OutFrame> out;
+  bool want_write = false;  // TCP mode: socket full, wait for EPOLLOUT
+  // inbound parser
+  FrameHdr in_hdr{};
+  size_t in_hdr_got = 0;
+  bool in_payload = false;
+  bool in_begun = false;
+  uint64_t in_left = 0;
+  std::vector<iovec> in_target;  // empty + discard: payload is dropped
+  size_t in_idx = 0, in_off = 0;
+  bool in_discard = false;
+  uint64_t in_seen_us = 0;        // fault knob: delay
+  uint64_t rnr_deadline_us = 0;   // waiting for a posted receive
+  bool rx_dead = false;           // after a fatal NAK, drop what follows
+  RecvWr in_recv;                 // receive consumed by the frame in progress
+  bool in_has_recv = false;
+  uint64_t ack_seq = 0;           // cumulative ACK not yet queued
+  bool ack_pending = false;
+  // handshake / control
+  std::string ctl_in;
+  std::string ctl_out;
+  uint64_t deadline_us = 0;
+  std::string peer_desc;
+  struct CmId* cm = nullptr;  // the CM id this link belongs to, if any
+  int connect_error = 0;      // errno of a failed connect()
+  bool cm_listener_side = false;
+};
+
+struct Qp {
+  ibv_qp qp;  // first: handed out as ibv_qp*
+  Context* ctx = nullptr;
+  Device* device = nullptr;
+  Pd* pd = nullptr;
+  Cq* scq = nullptr;
+  Cq* rcq = nullptr;
+  ibv_qp_cap cap{};
+  bool sq_sig_all = false;
+  // attributes
+  uint8_t port = 1;
+  int access = 0;
+  uint32_t dest_qpn = 0;
+  in_addr peer_addr{};
+  uint8_t timeout = 14, retry_cnt = 7, rnr_retry = 7, min_rnr_timer = 12;
+  uint32_t sq_psn = 0, rq_psn = 0;
+  uint8_t max_rd_atomic = 1, max_dest_rd_atomic = 1;
+  ibv_mtu path_mtu = IBV_MTU_1024;
+  uint16_t pkey_index = 0;
+  ibv_ah_attr ah{};
+  // queues
+  std::deque<SendWr> sq;  // posted, not yet completed (in order)
+  std::deque<RecvWr> rq;
+  uint64_t next_seq = 1;
+  uint64_t ops_posted = 0;
+  Link* link = nullptr;
+  uint64_t link_deadline_us = 0;  // raw path: give up connecting after this
+  uint64_t next_connect_us = 0;
+  bool cm_managed = false;
+  bool destroyed = false;
+};
+
+// ----------------------------------------------------------------- runtime -
+
+class Runtime {
+ public:
+  static Runtime& Get();
+
+  std::mutex mu;
+  std::vector<Device*> devices;
+
+  // Key and QP tables (guarded by mu).
+  std::map<uint32_t, Mr*> mrs;
+  std::map<uint32_t, Qp*> qps;
+  uint32_t AllocKey();
+  // Allocates a QP number; the upper 16 bits are the TCP port of the QP
+  // listener that peers connect to.
+  uint32_t AllocQpn(Device* dev);
+
+  Device* DeviceForAddr(in_addr a);   // bound to exactly a
+  Device* DeviceForRoute(in_addr dst);  // the one that reaches dst
+
+  // Agent thread.
+  void StartAgent();
+  void Wake();
+  // Registers fd with the agent's epoll (EPOLLIN, plus EPOLLOUT if asked).
+  void Watch(int fd, void* tag, bool want_out);
+  void Unwatch(int fd);
+
+  // Makes progress on every link (caller holds mu). Returns true if any
+  // byte moved or any state changed.
+  bool ProgressLocked();
+  bool ProgressLinkLocked(Link* l);
+
+  std::vector<Link*> links;  // guarded by mu
+  std::vector<std::vector<int>> qp_listeners;  // per device: listen fds
+  std::map<int, uint16_t> listener_port;       // listen fd -> port
+  std::vector<uint32_t> qpn_next;              // per device: next slot
+
+  uint64_t boot_hash = 0, netns = 0;
+
+ private:
+  Runtime();
+  void AgentMain();
+  int epfd_ = -1;
+  int wake_fd_ = -1;
+  std::once_flag agent_once_;
+  std::atomic<bool> sleeping_{false};
+};
+
+// Tags that the agent's epoll carries, besides Link*.
+struct EpollTag {
+  enum Kind { kWake, kQpListener, kLink, kCmListener } kind;
+  void* obj;
+  int fd;
+};
+
+// Completion helpers (sv_cq.cc). Caller holds Runtime::mu.
+void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited);
+
+// QP engine (sv_qp.cc). Caller holds Runtime::mu.
+void QpToErrorLocked(Qp* qp, ibv_wc_status head_status);
+void QpLinkUpLocked(Qp* qp);
+void QpLinkDeadLocked(Qp* qp, bool peer_gone);
+bool QpHandleFrameBegin(Link* l);  // false: wait (RNR or delay)
+void QpHandleFrameEnd(Link* l);
+void QpTryConnectLocked(Qp* qp);
+void QpTimersLocked(Qp* qp, uint64_t now);
+
+// Links (sv_link.cc). Caller holds Runtime::mu.
+Link* NewLink(int fd, bool initiator);
+void LinkEnqueue(Link* l, OutFrame f);
+bool LinkPump(Link* l);
+bool LinkReceive(Link* l);
+void LinkKill(Link* l);
+void LinkDoorbell(Link* l);
+bool LinkSetupShmInitiator(Link* l);      // creates the segment
+bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce);
+void LinkShmConfirmed(Link* l, bool ok);  // initiator: peer's answer
+void LinkSetSleeping(Link* l, bool sleeping);
+bool LinkHasRxData(Link* l);
+
+// Handshake messages (sv_agent.cc).
+void HandleLinkEvent(Link* l, uint32_t events);
+void HandleQpListener(int fd);
+int ConnectNonBlocking(in_addr addr, uint16_t port);
+bool CtlFlush(Link* l);
+
+// CM hooks: librdmacm.so.1 (sv_cm.cc) installs them when it loads; without
+// it they do nothing. Caller holds Runtime::mu.
+struct CmHooks {
+  void (*listener)(void* listener);
+  bool (*ctl)(Link* l, uint8_t type, const std::string& body);
+  void (*link_dead)(Link* l);
+  void (*disconnect)(Link* l);
+  void (*timers)(uint64_t now);
+};
+void SetCmHooks(const CmHooks& hooks);
+int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask);
+void CmHandleListener(void* listener);
+bool CmHandleCtl(Link* l, uint8_t type, const std::string& body);
+void CmLinkDead(Link* l);
+void CmDisconnectFrame(Link* l);
+void CmTimersLocked(uint64_t now);
+
+// Control messages on a link socket before it is up: [u32 len][u8 type][body].
+enum CtlType : uint8_t {
+  kCtlHello = 1, kCtlHelloAck = 2,
+  kCtlCmReq = 10, kCtlCmRep = 11, kCtlCmRej = 12, kCtlCmRtu = 13,
+};
+void CtlSend(Link* l, uint8_t type, const void* body, size_t len);
+// Pops one complete control message; false if none yet.
+bool CtlPop(Link* l, uint8_t* type, std::string* body);
+
+struct ShmOffer {
+  char name[48];
+  uint64_t nonce;
+  uint64_t boot_hash;
+  uint64_t netns;
+  uint64_t ring_bytes;
+};
+
+template <typename T, typename M>
+T* ContainerOf(M* member, M T::*field) {
+  return reinterpret_cast<T*>(reinterpret_cast<char*>(member) -
+                              reinterpret_cast<size_t>(&(static_cast<T*>(nullptr)->*field)));
+}
+
+inline Context* ToCtx(ibv_context* c) {
+  return reinterpret_cast<Context*>(reinterpret_cast<char*>(c) -
+                                    offsetof(verbs_context, context));
+}
+inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+inline Cq* ToCq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
+inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
+inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
+
+// Returns the IPv4 address a GID or LID names, relative to our device.
+bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
+
+}  // namespace softverbs
+
+#endif  // SOFTVERBS_SV_INTERNAL_H_

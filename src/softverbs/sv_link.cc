@@ -1,0 +1,400 @@
+// Links: the wire under one connected QP pair.
+//
+// TCP mode: frames travel on the socket. Shared-memory mode (peer in the same
+// host and network namespace): frames travel through two single-producer
+// single-consumer byte rings in one segment, and the socket only carries
+// doorbells (one byte: "look at the rings") and the peer's death (EOF).
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+
+#include "sv_internal.h"
+
+namespace softverbs {
+
+struct ShmRing {
+  alignas(64) std::atomic<uint64_t> head;  // written by the producer only
+  alignas(64) std::atomic<uint64_t> tail;  // written by the consumer only
+  alignas(64) std::atomic<uint32_t> consumer_idle;
+  std::atomic<uint32_t> producer_waiting;
+  uint64_t size;
+  uint64_t data_off;
+};
+
+namespace {
+
+constexpr uint64_t kShmMagic = 0x736f667476726273ULL;  // "softvrbs"
+constexpr size_t kShmHeader = 4096;
+
+struct ShmSeg {
+  uint64_t magic;
+  uint64_t nonce;
+  uint64_t ring_bytes;
+  ShmRing ring[2];  // [0]: initiator -> acceptor, [1]: the reverse
+};
+static_assert(sizeof(ShmSeg) <= kShmHeader, "header page");
+
+char* RingData(Link* l, ShmRing* r) { return static_cast<char*>(l->shm) + r->data_off; }
+
+size_t RingWrite(Link* l, const char* src, size_t n) {
+  ShmRing* r = l->tx;
+  uint64_t head = r->head.load(std::memory_order_relaxed);
+  uint64_t tail = r->tail.load(std::memory_order_acquire);
+  size_t w = std::min<uint64_t>(n, r->size - (head - tail));
+  if (w == 0) return 0;
+  size_t at = head & (r->size - 1);
+  size_t first = std::min(w, r->size - at);
+  char* data = RingData(l, r);
+  memcpy(data + at, src, first);
+  if (w > first) memcpy(data, src + first, w - first);
+  r->head.store(head + w, std::memory_order_release);
+  return w;
+}
+
+size_t RingRead(Link* l, char* dst, size_t n) {
+  ShmRing* r = l->rx;
+  uint64_t tail = r->tail.load(std::memory_order_relaxed);
+  uint64_t head = r->head.load(std::memory_order_acquire);
+  size_t got = std::min<uint64_t>(n, head - tail);
+  if (got == 0) return 0;
+  if (dst != nullptr) {
+    size_t at = tail & (r->size - 1);
+    size_t first = std::min(got, r->size - at);
+    const char* data = RingData(l, r);
+    memcpy(dst, data + at, first);
+    if (got > first) memcpy(dst + first, data, got - first);
+  }
+  r->tail.store(tail + got, std::memory_order_release);
+  return got;
+}
+
+// Reads up to n bytes of the inbound stream; dst == nullptr discards.
+// Returns the count, or -1 when the link is gone.
+ssize_t LinkRead(Link* l, char* dst, size_t n) {
+  if (l->shm != nullptr) return static_cast<ssize_t>(RingRead(l, dst, n));
+  static thread_local char scratch[65536];
+  char* to = dst != nullptr ? dst : scratch;
+  size_t want = dst != nullptr ? n : std::min(n, sizeof(scratch));
+  ssize_t r = recv(l->fd, to, want, MSG_DONTWAIT);
+  if (r > 0) return r;
+  if (r == 0) return -1;
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  return -1;
+}
+
+void* MapSegment(int fd, size_t size) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+}  // namespace
+
+Link* NewLink(int fd, bool initiator) {
+  auto* l = new Link();
+  l->fd = fd;
+  l->initiator = initiator;
+  l->state = initiator ? LinkState::kConnecting : LinkState::kHandshake;
+  Runtime::Get().links.push_back(l);
+  return l;
+}
+
+bool LinkSetupShmInitiator(Link* l) {
+  const Config& c = GetConfig();
+  if (!c.use_shm) return false;
+  static std::atomic<uint32_t> counter{0};
+  std::random_device rd;
+  l->shm_nonce = (static_cast<uint64_t>(rd()) << 32) | rd();
+  char name[48];
+  snprintf(name, sizeof(name), "/softverbs-%d-%u-%08x", getpid(), counter.fetch_add(1),
+           static_cast<unsigned>(l->shm_nonce));
+  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    Trace("shm_open(%s): %s; using TCP", name, strerror(errno));
+    return false;
+  }
+  size_t size = kShmHeader + 2 * c.ring_bytes;
+  void* p = nullptr;
+  if (ftruncate(fd, static_cast<off_t>(size)) == 0) p = MapSegment(fd, size);
+  close(fd);
+  if (p == nullptr) {
+    shm_unlink(name);
+    return false;
+  }
+  auto* seg = static_cast<ShmSeg*>(p);
+  seg->nonce = l->shm_nonce;
+  seg->ring_bytes = c.ring_bytes;
+  for (int i = 0; i < 2; ++i) {
+    ShmRing& r = seg->ring[i];
+    r.head.store(0);
+    r.tail.store(0);
+    r.consumer_idle.store(0);
+    r.producer_waiting.store(0);
+    r.size = c.ring_bytes;
+    r.data_off = kShmHeader + i * c.ring_bytes;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  seg->magic = kShmMagic;
+  l->shm_name = name;
+  l->shm = p;
+  l->shm_size = size;
+  return true;
+}
+
+bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return false;
+  void* p = nullptr;
+  off_t size = lseek(fd, 0, SEEK_END);
+  if (size > static_cast<off_t>(kShmHeader)) p = MapSegment(fd, static_cast<size_t>(size));
+  close(fd);
+  shm_unlink(name.c_str());
+  if (p == nullptr) return false;
+  auto* seg = static_cast<ShmSeg*>(p);
+  if (seg->magic != kShmMagic || seg->nonce != nonce ||
+      kShmHeader + 2 * seg->ring_bytes != static_cast<uint64_t>(size) ||
+      (seg->ring_bytes & (seg->ring_bytes - 1)) != 0 ||
+      seg->ring[0].size != seg->ring_bytes || seg->ring[1].size != seg->ring_bytes ||
+      seg->ring[0].data_off != kShmHeader ||
+      seg->ring[1].data_off != kShmHeader + seg->ring_bytes) {
+    munmap(p, static_cast<size_t>(size));
+    return false;
+  }
+  l->shm = p;
+  l->shm_size = static_cast<size_t>(size);
+  l->tx = &seg->ring[1];
+  l->rx = &seg->ring[0];
+  return true;
+}
+
+void LinkShmConfirmed(Link* l, bool ok) {
+  if (l->shm == nullptr) return;
+  if (!l->shm_name.empty()) {
+    shm_unlink(l->shm_name.c_str());
+    l->shm_name.clear();
+  }
+  if (!ok) {
+    munmap(l->shm, l->shm_size);
+    l->shm = nullptr;
+    return;
+  }
+  auto* seg = static_cast<ShmSeg*>(l->shm);
+  l->tx = &seg->ring[0];
+  l->rx = &seg->ring[1];
+}
+
+void LinkDoorbell(Link* l) {
+  char b = 0;
+  (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void LinkSetSleeping(Link* l, bool sleeping) {
+  if (l->rx == nullptr || l->state != LinkState::kUp) return;
+  l->rx->consumer_idle.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+bool LinkHasRxData(Link* l) {
+  if (l->rx == nullptr || l->state != LinkState::kUp) return false;
+  return l->rx->head.load(std::memory_order_acquire) !=
+         l->rx->tail.load(std::memory_order_relaxed);
+}
+
+void LinkEnqueue(Link* l, OutFrame f) { l->out.push_back(std::move(f)); }
+
+namespace {
+
+// Collects the unsent pieces of f, from f.sent on.
+size_t FramePieces(const OutFrame& f, iovec* v, size_t max) {
+  size_t n = 0;
+  size_t off = f.sent;
+  if (off < sizeof(FrameHdr)) {
+    v[n++] = {const_cast<char*>(reinterpret_cast<const char*>(&f.hdr)) + off,
+              sizeof(FrameHdr) - off};
+    off = 0;
+  } else {
+    off -= sizeof(FrameHdr);
+  }
+  if (!f.owned.empty()) {
+    if (off < f.owned.size() && n < max)
+      v[n++] = {const_cast<char*>(f.owned.data()) + off, f.owned.size() - off};
+    return n;
+  }
+  for (const iovec& p : f.iov) {
+    if (n == max) break;
+    if (off >= p.iov_len) {
+      off -= p.iov_len;
+      continue;
+    }
+    v[n++] = {static_cast<char*>(p.iov_base) + off, p.iov_len - off};
+    off = 0;
+  }
+  return n;
+}
+
+// Shared-memory pump: returns bytes written.
+size_t PumpShm(Link* l) {
+  size_t total = 0;
+  while (!l->out.empty()) {
+    OutFrame& f = l->out.front();
+    iovec v[32];
+    size_t n = FramePieces(f, v, 32);
+    bool full = false;
+    for (size_t i = 0; i < n && !full; ++i) {
+      size_t w = RingWrite(l, static_cast<char*>(v[i].iov_base), v[i].iov_len);
+      f.sent += w;
+      total += w;
+      if (w < v[i].iov_len) full = true;
+    }
+    if (f.sent == f.total()) {
+      l->out.pop_front();
+      continue;
+    }
+    if (!full) continue;  // more than 32 pieces: go round again
+    // Ring full: ask the consumer for a doorbell, then look once more in
+    // case it drained the ring before it could see the flag.
+    l->tx->producer_waiting.store(1, std::memory_order_seq_cst);
+    uint64_t used = l->tx->head.load() - l->tx->tail.load(std::memory_order_seq_cst);
+    if (used == l->tx->size) break;
+  }
+  return total;
+}
+
+}  // namespace
+
+bool LinkPump(Link* l) {
+  if (l->state != LinkState::kUp || l->out.empty()) return false;
+  if (l->shm != nullptr) {
+    size_t w = PumpShm(l);
+    if (w > 0) {
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (l->tx->consumer_idle.load(std::memory_order_relaxed)) LinkDoorbell(l);
+    }
+    return w > 0;
+  }
+  bool moved = false;
+  while (!l->out.empty()) {
+    OutFrame& f = l->out.front();
+    iovec v[64];
+    size_t n = FramePieces(f, v, 64);
+    msghdr mh{};
+    mh.msg_iov = v;
+    mh.msg_iovlen = n;
+    ssize_t w = sendmsg(l->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        l->want_write = true;
+        return moved;
+      }
+      Trace("link %s: send: %s", l->peer_desc.c_str(), strerror(errno));
+      LinkKill(l);
+      return true;
+    }
+    moved = true;
+    f.sent += static_cast<size_t>(w);
+    if (f.sent == f.total()) l->out.pop_front();
+  }
+  l->want_write = false;
+  return moved;
+}
+
+bool LinkReceive(Link* l) {
+  bool moved = false;
+  bool freed = false;  // consumed ring space: the producer may be waiting
+  while (l->state == LinkState::kUp) {
+    if (!l->in_payload) {
+      ssize_t r = LinkRead(l, reinterpret_cast<char*>(&l->in_hdr) + l->in_hdr_got,
+                           sizeof(FrameHdr) - l->in_hdr_got);
+      if (r < 0) {
+        LinkKill(l);
+        return true;
+      }
+      if (r > 0) moved = freed = true;
+      l->in_hdr_got += static_cast<size_t>(r);
+      if (l->in_hdr_got < sizeof(FrameHdr)) break;
+      l->in_payload = true;
+      l->in_begun = false;
+      l->in_seen_us = NowUs();
+    }
+    if (!l->in_begun) {
+      int delay = GetConfig().delay_us;
+      if (delay > 0 && NowUs() < l->in_seen_us + static_cast<uint64_t>(delay)) break;
+      l->in_target.clear();
+      l->in_idx = l->in_off = 0;
+      l->in_discard = false;
+      l->in_left = l->in_hdr.len;
+      if (!QpHandleFrameBegin(l)) break;  // e.g. RNR: wait for a receive
+      if (l->state != LinkState::kUp) break;
+      l->in_begun = true;
+      moved = true;
+    }
+    while (l->in_left > 0) {
+      char* dst = nullptr;
+      size_t want = l->in_left;
+      if (!l->in_discard) {
+        while (l->in_idx < l->in_target.size() &&
+               l->in_off == l->in_target[l->in_idx].iov_len) {
+          ++l->in_idx;
+          l->in_off = 0;
+        }
+        if (l->in_idx == l->in_target.size()) {
+          l->in_discard = true;  // targets shorter than payload (checked)
+        } else {
+          iovec& t = l->in_target[l->in_idx];
+          dst = static_cast<char*>(t.iov_base) + l->in_off;
+          want = std::min<uint64_t>(want, t.iov_len - l->in_off);
+        }
+      }
+      ssize_t r = LinkRead(l, dst, want);
+      if (r < 0) {
+        LinkKill(l);
+        return true;
+      }
+      if (r == 0) break;
+      moved = freed = true;
+      l->in_left -= static_cast<uint64_t>(r);
+      if (!l->in_discard) l->in_off += static_cast<size_t>(r);
+    }
+    if (l->in_left > 0) break;
+    l->in_payload = false;
+    l->in_hdr_got = 0;
+    QpHandleFrameEnd(l);
+    moved = true;
+  }
+  if (freed && l->rx != nullptr) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (l->rx->producer_waiting.load(std::memory_order_relaxed)) {
+      l->rx->producer_waiting.store(0, std::memory_order_relaxed);
+      LinkDoorbell(l);
+    }
+  }
+  return moved;
+}
+
+void LinkKill(Link* l) {
+  if (l->state == LinkState::kDead) return;
+  bool was_up = l->state == LinkState::kUp;
+  l->state = LinkState::kDead;
+  Trace("link %s: closed", l->peer_desc.c_str());
+  if (l->fd >= 0) {
+    Runtime::Get().Unwatch(l->fd);
+    close(l->fd);
+    l->fd = -1;
+  }
+  if (l->shm != nullptr) {
+    if (!l->shm_name.empty()) shm_unlink(l->shm_name.c_str());
+    munmap(l->shm, l->shm_size);
+    l->shm = nullptr;
+    l->tx = l->rx = nullptr;
+  }
+  l->out.clear();
+  (void)was_up;
+  if (l->qp != nullptr) QpLinkDeadLocked(l->qp, true);
+  if (l->cm != nullptr) CmLinkDead(l);
+}
+
+}  // namespace softverbs
