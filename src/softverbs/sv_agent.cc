@@ -237,7 +237,9 @@ void Runtime::AgentMain() {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       bool pending = false;
       bool timers = false;
+      uint64_t now = NowUs();
       for (Link* l : links) {
+        if (LinkRecentlyPolled(l, now)) timers = true;
         if (LinkHasRxData(l) && !(l->in_payload && !l->in_begun)) pending = true;
         if (l->in_payload && !l->in_begun) timers = true;
         if (l->state == LinkState::kConnecting || l->state == LinkState::kHandshake)
@@ -520,6 +522,7 @@ void HandleLinkEvent(Link* l, uint32_t events) {
       ssize_t r = recv(l->fd, buf, sizeof(buf), MSG_DONTWAIT);
       if (r > 0) continue;
       if (r < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      Trace("link %s: peer gone (%s)", l->peer_desc.c_str(), r == 0 ? "EOF" : strerror(errno));
       LinkReceive(l);  // what the peer wrote before it went away
       LinkKill(l);
       return;

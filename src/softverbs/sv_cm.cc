@@ -12,6 +12,7 @@
 #include <netdb.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -60,9 +61,11 @@ struct CmEvent {
   bool dead = false;
 };
 
+// The channel fd is a semaphore eventfd: one count per queued event. Like
+// the kernel's rdma_cm fd it is pollable, honours O_NONBLOCK, and closing it
+// does not wake a thread blocked reading it.
 struct EventChannel {
   rdma_event_channel ch;
-  int wfd = -1;
   std::mutex mu;
   std::deque<CmEvent*> q;
 };
@@ -145,8 +148,8 @@ void PushEvent(CmId* id, rdma_cm_event_type type, int status, CmId* listen = nul
     std::lock_guard<std::mutex> g(ch->mu);
     ch->q.push_back(e);
   }
-  char token = 1;
-  (void)!write(ch->wfd, &token, 1);
+  uint64_t one = 1;
+  (void)!write(ch->ch.fd, &one, sizeof(one));
 }
 
 bool ToSin(const sockaddr* a, sockaddr_in* out) {
@@ -497,18 +500,16 @@ rdma_event_channel* rdma_create_event_channel(void) {
     errno = ENODEV;
     return nullptr;
   }
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return nullptr;
+  int fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
+  if (fd < 0) return nullptr;
   auto* ch = new EventChannel();
-  ch->ch.fd = p[0];
-  ch->wfd = p[1];
+  ch->ch.fd = fd;
   return &ch->ch;
 }
 
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
   auto* ch = reinterpret_cast<EventChannel*>(channel);
   close(ch->ch.fd);
-  close(ch->wfd);
   for (CmEvent* e : ch->q) delete e;
   delete ch;
 }
@@ -865,10 +866,10 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   auto* ch = reinterpret_cast<EventChannel*>(channel);
   if (event == nullptr) return Fail(EINVAL);
   for (;;) {
-    char token;
-    ssize_t r = read(ch->ch.fd, &token, 1);
-    if (r != 1) {
-      if (r == 0) errno = ENODATA;
+    uint64_t token;
+    ssize_t r = read(ch->ch.fd, &token, sizeof(token));
+    if (r != static_cast<ssize_t>(sizeof(token))) {
+      if (r >= 0) errno = ENODATA;
       return -1;
     }
     CmEvent* e = nullptr;

@@ -26,7 +26,6 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
     if (cq->armed && (!cq->solicited_only || solicited || wc.status != IBV_WC_SUCCESS)) {
       cq->armed = false;
       notify = cq->cq.channel != nullptr;
-      if (notify) ++cq->events_reported;
     }
   }
   if (notify) {
@@ -55,8 +54,12 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
   bool did = false;
-  for (Qp* qp : cq->qps)
-    if (qp->link != nullptr) did |= rt.ProgressLinkLocked(qp->link);
+  uint64_t now = NowUs();
+  for (Qp* qp : cq->qps) {
+    if (qp->link == nullptr) continue;
+    LinkMarkPolled(qp->link, now);
+    did |= rt.ProgressLinkLocked(qp->link);
+  }
   lk.unlock();
   return did ? take() : 0;
 }
@@ -69,6 +72,21 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   return 0;
 }
 
+namespace {
+
+// Removes the unread event records of one CQ from its channel's pipe.
+void PurgeChannel(CompChannel* ch, ibv_cq* gone) {
+  std::vector<ibv_cq*> keep;
+  int flags = fcntl(ch->ch.fd, F_GETFL);
+  fcntl(ch->ch.fd, F_SETFL, flags | O_NONBLOCK);
+  ibv_cq* p;
+  while (read(ch->ch.fd, &p, sizeof(p)) == static_cast<ssize_t>(sizeof(p)))
+    if (p != gone) keep.push_back(p);
+  fcntl(ch->ch.fd, F_SETFL, flags);
+  for (ibv_cq* k : keep) (void)!write(ch->wfd, &k, sizeof(k));
+}
+
+}  // namespace
 }  // namespace softverbs
 
 using namespace softverbs;
@@ -134,19 +152,19 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
     std::lock_guard<std::mutex> g(rt.mu);
     if (!cq->qps.empty()) return EBUSY;
   }
-  // As with rdma-core: wait until every reported event has been acked.
-  pthread_mutex_lock(&cq->cq.mutex);
-  for (;;) {
-    uint32_t reported;
-    {
-      std::lock_guard<std::mutex> g(cq->mu);
-      reported = cq->events_reported;
-    }
-    if (cq->cq.comp_events_completed >= reported) break;
-    pthread_cond_wait(&cq->cq.cond, &cq->cq.mutex);
+  // As with rdma-core: wait until every event handed to the application
+  // has been acked. Events still queued in the channel are dropped, as the
+  // kernel drops them.
+  {
+    std::lock_guard<std::mutex> g(cq->mu);
+    cq->armed = false;
   }
+  pthread_mutex_lock(&cq->cq.mutex);
+  while (cq->cq.comp_events_completed < cq->events_read.load())
+    pthread_cond_wait(&cq->cq.cond, &cq->cq.mutex);
   pthread_mutex_unlock(&cq->cq.mutex);
   if (cq->cq.channel != nullptr) {
+    PurgeChannel(reinterpret_cast<CompChannel*>(cq->cq.channel), &cq->cq);
     std::lock_guard<std::mutex> g(rt.mu);
     --cq->cq.channel->refcnt;
   }
@@ -160,6 +178,7 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) 
   ibv_cq* p = nullptr;
   ssize_t r = read(channel->fd, &p, sizeof(p));
   if (r != static_cast<ssize_t>(sizeof(p))) return -1;
+  ToCq(p)->events_read.fetch_add(1);
   *cq = p;
   *cq_context = p->cq_context;
   return 0;

@@ -111,7 +111,7 @@ struct Cq {
   bool armed = false;          // guarded by mu
   bool solicited_only = false;
   bool overrun = false;
-  uint32_t events_reported = 0;
+  std::atomic<uint32_t> events_read{0};  // handed out by ibv_get_cq_event
   std::vector<Qp*> qps;  // guarded by Runtime::mu
 };
 
@@ -314,6 +314,7 @@ void QpLinkUpLocked(Qp* qp);
 void QpLinkDeadLocked(Qp* qp, bool peer_gone);
 bool QpHandleFrameBegin(Link* l);  // false: wait (RNR or delay)
 void QpHandleFrameEnd(Link* l);
+void QpRxPassDone(Link* l);  // flushes the cumulative ACK
 void QpTryConnectLocked(Qp* qp);
 void QpTimersLocked(Qp* qp, uint64_t now);
 
@@ -328,6 +329,11 @@ bool LinkSetupShmInitiator(Link* l);      // creates the segment
 bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce);
 void LinkShmConfirmed(Link* l, bool ok);  // initiator: peer's answer
 void LinkSetSleeping(Link* l, bool sleeping);
+// Progress on poll: a consumer that keeps polling needs no doorbells; the
+// agent then wakes every millisecond in case the poller stops.
+constexpr uint64_t kPollGraceUs = 50;
+void LinkMarkPolled(Link* l, uint64_t now);
+bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
 
 // Handshake messages (sv_agent.cc).

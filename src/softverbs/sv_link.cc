@@ -23,6 +23,9 @@ struct ShmRing {
   alignas(64) std::atomic<uint64_t> tail;  // written by the consumer only
   alignas(64) std::atomic<uint32_t> consumer_idle;
   std::atomic<uint32_t> producer_waiting;
+  // When an application last polled this ring from ibv_poll_cq: while it
+  // keeps polling, producers need not ring the doorbell.
+  std::atomic<uint64_t> consumer_polled_us;
   uint64_t size;
   uint64_t data_off;
 };
@@ -135,6 +138,7 @@ bool LinkSetupShmInitiator(Link* l) {
     r.tail.store(0);
     r.consumer_idle.store(0);
     r.producer_waiting.store(0);
+    r.consumer_polled_us.store(0);
     r.size = c.ring_bytes;
     r.data_off = kShmHeader + i * c.ring_bytes;
   }
@@ -191,6 +195,16 @@ void LinkShmConfirmed(Link* l, bool ok) {
 void LinkDoorbell(Link* l) {
   char b = 0;
   (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+void LinkMarkPolled(Link* l, uint64_t now) {
+  if (l->rx != nullptr && l->state == LinkState::kUp)
+    l->rx->consumer_polled_us.store(now, std::memory_order_relaxed);
+}
+
+bool LinkRecentlyPolled(Link* l, uint64_t now) {
+  return l->rx != nullptr && l->state == LinkState::kUp &&
+         now - l->rx->consumer_polled_us.load(std::memory_order_relaxed) < 20000;
 }
 
 void LinkSetSleeping(Link* l, bool sleeping) {
@@ -272,7 +286,9 @@ bool LinkPump(Link* l) {
     size_t w = PumpShm(l);
     if (w > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (l->tx->consumer_idle.load(std::memory_order_relaxed)) LinkDoorbell(l);
+      if (l->tx->consumer_idle.load(std::memory_order_relaxed) &&
+          NowUs() - l->tx->consumer_polled_us.load(std::memory_order_relaxed) > kPollGraceUs)
+        LinkDoorbell(l);
     }
     return w > 0;
   }
@@ -310,6 +326,7 @@ bool LinkReceive(Link* l) {
       ssize_t r = LinkRead(l, reinterpret_cast<char*>(&l->in_hdr) + l->in_hdr_got,
                            sizeof(FrameHdr) - l->in_hdr_got);
       if (r < 0) {
+        Trace("link %s: read failed (header)", l->peer_desc.c_str());
         LinkKill(l);
         return true;
       }
@@ -365,6 +382,7 @@ bool LinkReceive(Link* l) {
     QpHandleFrameEnd(l);
     moved = true;
   }
+  QpRxPassDone(l);
   if (freed && l->rx != nullptr) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (l->rx->producer_waiting.load(std::memory_order_relaxed)) {

@@ -384,10 +384,10 @@ void QpHandleFrameEnd(Link* l) {
       CountRx(qp->device->index,
               h.type == kFrameSend ? kStatRecv : (h.flags & kFlagImm ? kStatWriteImm : kStatWrite),
               h.len);
+      // Acknowledged when this receive pass ends (QpRxPassDone): a burst
+      // gets one cumulative ACK.
       l->ack_seq = h.seq;
       l->ack_pending = true;
-      // A lone frame is acknowledged at once; a burst gets one ACK at its end.
-      if (!LinkHasRxData(l)) FlushAck(l);
       return;
     case kFrameReadReq:
       return;
@@ -410,6 +410,10 @@ void QpHandleFrameEnd(Link* l) {
     default:
       return;
   }
+}
+
+void QpRxPassDone(Link* l) {
+  if (l->state == LinkState::kUp) FlushAck(l);
 }
 
 // --------------------------------------------------------- state changes ---
