@@ -188,7 +188,7 @@ void Runtime::Wake() {
 void Runtime::Watch(int fd, void* tag, bool want_out) {
   StartAgent();
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (want_out ? EPOLLOUT : 0);
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.ptr = tag;
   epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
@@ -409,6 +409,7 @@ void AcceptHello(Link* l, const std::string& body) {
            ack.shm_ok ? "shm" : "tcp");
   l->peer_desc = desc;
   l->state = LinkState::kUp;
+  Trace("link %s: up", l->peer_desc.c_str());
   QpLinkUpLocked(qp);
 }
 
@@ -439,6 +440,7 @@ void InitiatorHelloAck(Link* l, const std::string& body) {
     l->peer_desc = desc;
   }
   l->state = LinkState::kUp;
+  Trace("link %s: up", l->peer_desc.c_str());
   if (l->qp != nullptr) QpLinkUpLocked(l->qp);
 }
 

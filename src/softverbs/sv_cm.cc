@@ -221,6 +221,7 @@ void LinkUp(CmId* id) {
            ntohs(id->id.route.addr.dst_sin.sin_port), l->shm ? "shm" : "tcp");
   l->peer_desc = desc;
   l->state = LinkState::kUp;
+  Trace("link %s: up", l->peer_desc.c_str());
   if (l->qp != nullptr) QpLinkUpLocked(l->qp);
 }
 

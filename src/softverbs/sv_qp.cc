@@ -520,7 +520,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   std::lock_guard<std::mutex> g(Rt().mu);
   for (; wr != nullptr; wr = wr->next) {
     int err = 0;
-    if (qp->qp.state != IBV_QPS_RTS) err = EINVAL;
+    if (qp->qp.state != IBV_QPS_RTS && qp->qp.state != IBV_QPS_ERR) err = EINVAL;
     else if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_send_sge)) err = EINVAL;
     else if (qp->sq.size() >= qp->cap.max_send_wr) err = ENOMEM;
     else if (wr->opcode != IBV_WR_SEND && wr->opcode != IBV_WR_SEND_WITH_IMM &&
@@ -558,6 +558,10 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     if (s.length > 0x80000000ULL) s.fail_status = IBV_WC_LOC_LEN_ERR;
     s.seq = qp->next_seq++;
+    if (qp->qp.state == IBV_QPS_ERR) {  // as on hardware: accepted, then flushed
+      CompleteSend(qp, s, IBV_WC_WR_FLUSH_ERR, true);
+      continue;
+    }
     ++qp->ops_posted;
     if (cfg.fail_wr != 0 && static_cast<long>(qp->ops_posted) == cfg.fail_wr) {
       Trace("fault: WR %ld of qpn 0x%x fails", cfg.fail_wr, qp->qp.qp_num);

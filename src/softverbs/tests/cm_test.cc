@@ -1,0 +1,289 @@
+// softverbs' librdmacm: the event sequences of rdma_cm(7), private data at
+// InfiniBand sizes, rejects, separate port spaces, and a peer that dies.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+#include "sv_test_util.h"
+
+using namespace svtest;
+
+namespace {
+
+std::atomic<int> g_port{20000 + (getpid() % 5000) * 4};
+
+sockaddr_in Addr(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  return a;
+}
+
+// Waits for the next event; fails the test if it is not `want`.
+rdma_cm_event* Expect(rdma_event_channel* ch, rdma_cm_event_type want, int ms = 10000) {
+  pollfd p{ch->fd, POLLIN, 0};
+  if (poll(&p, 1, ms) != 1) {
+    ADD_FAILURE() << "no event, wanted " << rdma_event_str(want);
+    return nullptr;
+  }
+  rdma_cm_event* e = nullptr;
+  if (rdma_get_cm_event(ch, &e) != 0) {
+    ADD_FAILURE() << "rdma_get_cm_event: " << strerror(errno);
+    return nullptr;
+  }
+  EXPECT_EQ(e->event, want) << rdma_event_str(e->event) << " status " << e->status;
+  return e;
+}
+
+struct Listener {
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+  uint16_t port = 0;
+  bool Start() {
+    ch = rdma_create_event_channel();
+    if (ch == nullptr || rdma_create_id(ch, &id, this, RDMA_PS_TCP) != 0) return false;
+    port = static_cast<uint16_t>(g_port.fetch_add(1));
+    sockaddr_in a = Addr(port);
+    return rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)) == 0 && rdma_listen(id, 8) == 0;
+  }
+  ~Listener() {
+    if (id) rdma_destroy_id(id);
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+struct Client {
+  rdma_event_channel* ch = nullptr;
+  rdma_cm_id* id = nullptr;
+  bool Resolve(uint16_t port) {
+    ch = rdma_create_event_channel();
+    if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return false;
+    sockaddr_in a = Addr(port);
+    if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000) != 0) return false;
+    rdma_cm_event* e = Expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+    if (e == nullptr) return false;
+    rdma_ack_cm_event(e);
+    if (id->verbs == nullptr || rdma_resolve_route(id, 2000) != 0) return false;
+    e = Expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    if (e == nullptr) return false;
+    rdma_ack_cm_event(e);
+    return true;
+  }
+  ~Client() {
+    if (id) {
+      if (id->qp) rdma_destroy_qp(id);
+      rdma_destroy_id(id);
+    }
+    if (ch) rdma_destroy_event_channel(ch);
+  }
+};
+
+ibv_qp_init_attr QpAttr() {
+  ibv_qp_init_attr a{};
+  a.qp_type = IBV_QPT_RC;
+  a.cap.max_send_wr = 16;
+  a.cap.max_recv_wr = 16;
+  a.cap.max_send_sge = 1;
+  a.cap.max_recv_sge = 1;
+  return a;
+}
+
+TEST(Cm, ConnectTransferDisconnectWithPrivateData) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  ibv_qp_init_attr qa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(c.id, nullptr, &qa), 0);
+  ASSERT_NE(c.id->send_cq, nullptr) << "CQs made for a NULL-CQ QP";
+
+  const char req[] = "hello-from-client";
+  rdma_conn_param p{};
+  p.private_data = req;
+  p.private_data_len = sizeof(req);
+  p.responder_resources = 3;
+  p.initiator_depth = 2;
+  p.rnr_retry_count = 7;
+  ASSERT_EQ(rdma_connect(c.id, &p), 0);
+
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* child = e->id;
+  EXPECT_EQ(e->listen_id, l.id);
+  EXPECT_EQ(child->context, &l) << "a child inherits the listener's context";
+  EXPECT_EQ(e->param.conn.private_data_len, 56) << "IB REQ private data, zero padded";
+  EXPECT_EQ(memcmp(e->param.conn.private_data, req, sizeof(req)), 0);
+  EXPECT_EQ(static_cast<const char*>(e->param.conn.private_data)[55], 0);
+  EXPECT_EQ(e->param.conn.responder_resources, 2) << "swapped relative to the sender";
+  EXPECT_EQ(e->param.conn.initiator_depth, 3);
+  EXPECT_EQ(e->param.conn.qp_num, c.id->qp->qp_num);
+  rdma_ack_cm_event(e);
+
+  ibv_qp_init_attr sa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
+  Buffer rbuf = MakeBuffer(child->pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(PostRecv(child->qp, rbuf, 0, 4096, 42), 0);
+  const char rep[] = "welcome";
+  rdma_conn_param ap{};
+  ap.private_data = rep;
+  ap.private_data_len = sizeof(rep);
+  ASSERT_EQ(rdma_accept(child, &ap), 0);
+
+  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->param.conn.private_data_len, 196) << "IB REP private data, zero padded";
+  EXPECT_STREQ(static_cast<const char*>(e->param.conn.private_data), "welcome");
+  rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->id, child);
+  rdma_ack_cm_event(e);
+
+  Buffer sbuf = MakeBuffer(c.id->pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+  Fill(sbuf.data.data(), 3000, 21);
+  ASSERT_EQ(PostSend(c.id->qp, IBV_WR_SEND, sbuf, 0, 3000, 1), 0);
+  auto rx = PollN(child->recv_cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].byte_len, 3000u);
+  EXPECT_TRUE(Check(rbuf.data.data(), 3000, 21));
+  EXPECT_EQ(PollN(c.id->send_cq, 1).size(), 1u);
+
+  ASSERT_EQ(PostRecv(child->qp, rbuf, 0, 4096, 43), 0);
+  ASSERT_EQ(rdma_disconnect(c.id), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  rx = PollN(child->recv_cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_WR_FLUSH_ERR) << "the peer's QP goes to error";
+
+  rdma_destroy_qp(child);
+  FreeBuffer(rbuf);
+  FreeBuffer(sbuf);
+  rdma_destroy_id(child);
+}
+
+TEST(Cm, RejectCarriesPrivateData) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  const char why[] = "go away";
+  ASSERT_EQ(rdma_reject(child, why, sizeof(why)), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->status, 28) << "IB CM consumer reject";
+  EXPECT_EQ(e->param.conn.private_data_len, 148);
+  EXPECT_STREQ(static_cast<const char*>(e->param.conn.private_data), "go away");
+  rdma_ack_cm_event(e);
+  rdma_destroy_id(child);
+}
+
+TEST(Cm, NobodyListeningIsRejected) {
+  Client c;
+  ASSERT_TRUE(c.Resolve(static_cast<uint16_t>(g_port.fetch_add(1))));
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  rdma_cm_event* e = Expect(c.ch, RDMA_CM_EVENT_REJECTED);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->status, 8) << "invalid service id";
+  rdma_ack_cm_event(e);
+}
+
+TEST(Cm, PrivateDataLimits) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  char big[57] = {};
+  rdma_conn_param p{};
+  p.private_data = big;
+  p.private_data_len = 57;
+  EXPECT_EQ(rdma_connect(c.id, &p), -1);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+TEST(Cm, TcpAndRdmaCmShareAnAddressAndPort) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a = Addr(l.port);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+  EXPECT_EQ(listen(fd, 1), 0);
+  close(fd);
+}
+
+TEST(Cm, NonBlockingChannelSaysEagain) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  ASSERT_NE(ch, nullptr);
+  fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
+  rdma_cm_event* e = nullptr;
+  EXPECT_EQ(rdma_get_cm_event(ch, &e), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  rdma_destroy_event_channel(ch);
+}
+
+TEST(Cm, PeerDeathFlushesAndDisconnects) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  std::string out;
+  int rc = -2;
+  std::thread child([&] {
+    rc = RunSelf({}, {"--scenario", "cm-connect-die", std::to_string(l.port)}, &out);
+  });
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST, 30000);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* id = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr qa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(id, nullptr, &qa), 0);
+  Buffer b = MakeBuffer(id->pd, 4096, IBV_ACCESS_LOCAL_WRITE);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(PostRecv(id->qp, b, 0, 4096, i), 0);
+  ASSERT_EQ(rdma_accept(id, nullptr), 0);
+  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e) rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED, 30000);
+  if (e) rdma_ack_cm_event(e);
+  child.join();
+  EXPECT_EQ(rc, -1) << "the child kills itself: " << out;
+  auto rx = PollN(id->recv_cq, 4);
+  ASSERT_EQ(rx.size(), 4u);
+  EXPECT_EQ(rx[0].status, IBV_WC_SUCCESS) << "the message sent before dying";
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(rx[i].status, IBV_WC_WR_FLUSH_ERR);
+  rdma_destroy_qp(id);
+  FreeBuffer(b);
+  rdma_destroy_id(id);
+}
+
+}  // namespace
+
+// Child side of PeerDeathFlushesAndDisconnects: connect, send one message,
+// then die without a word.
+int ScenarioCmConnectDie(uint16_t port) {
+  Client c;
+  if (!c.Resolve(port)) return 2;
+  ibv_qp_init_attr qa = QpAttr();
+  if (rdma_create_qp(c.id, nullptr, &qa) != 0) return 3;
+  if (rdma_connect(c.id, nullptr) != 0) return 4;
+  rdma_cm_event* e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e == nullptr) return 5;
+  rdma_ack_cm_event(e);
+  Buffer b = MakeBuffer(c.id->pd, 64, IBV_ACCESS_LOCAL_WRITE);
+  if (PostSend(c.id->qp, IBV_WR_SEND, b, 0, 64, 1) != 0) return 6;
+  if (PollN(c.id->send_cq, 1).size() != 1) return 7;
+  kill(getpid(), SIGKILL);
+  return 8;
+}

@@ -1,0 +1,242 @@
+// softverbs' fault knobs, counters and configuration errors. Each case runs
+// in a child process (this binary with --scenario), because softverbs reads
+// its environment once per process.
+#include <gtest/gtest.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "sv_test_util.h"
+
+using namespace svtest;
+
+namespace {
+
+struct Pair {
+  ibv_context* ctx = nullptr;
+  Side a, b;
+  Buffer src, dst;
+  bool Open(const QpOptions& o = QpOptions{}) {
+    ctx = OpenDevice();
+    if (ctx == nullptr) return false;
+    a = MakeSide(ctx, o);
+    b = MakeSide(ctx, o);
+    if (!ConnectPair(ctx, a, b, o, o)) return false;
+    src = MakeBuffer(a.pd, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                         IBV_ACCESS_REMOTE_WRITE);
+    dst = MakeBuffer(b.pd, 1 << 20, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ |
+                                         IBV_ACCESS_REMOTE_WRITE);
+    return src.mr && dst.mr;
+  }
+};
+
+int Fail(const char* what) {
+  printf("scenario failed: %s\n", what);
+  return 1;
+}
+
+}  // namespace
+
+// SOFTVERBS_FAIL_WR=3 SOFTVERBS_FAIL_STATUS=REM_OP_ERR
+int ScenarioFailWr() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  for (int i = 0; i < 5; ++i) PostRecv(p.b.qp, p.dst, 0, 64, i);
+  for (int i = 0; i < 5; ++i) PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 8, i);
+  auto tx = PollN(p.a.cq, 5);
+  if (tx.size() != 5) return Fail("5 completions");
+  if (tx[0].status || tx[1].status) return Fail("first two succeed");
+  if (tx[2].status != IBV_WC_REM_OP_ERR) return Fail("third fails as configured");
+  if (tx[3].status != IBV_WC_WR_FLUSH_ERR || tx[4].status != IBV_WC_WR_FLUSH_ERR)
+    return Fail("rest flushed");
+  if (QpState(p.a.qp) != IBV_QPS_ERR) return Fail("QP in error");
+  printf("ok\n");
+  return 0;
+}
+
+// SOFTVERBS_DROP_AFTER_OPS=3
+int ScenarioDrop() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  for (int i = 0; i < 8; ++i) PostRecv(p.b.qp, p.dst, 0, 64, i);
+  for (int i = 0; i < 5; ++i) PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 8, i);
+  auto tx = PollN(p.a.cq, 5);
+  if (tx.size() != 5) return Fail("5 completions");
+  int ok = 0, bad = 0;
+  for (auto& wc : tx) (wc.status == IBV_WC_SUCCESS ? ok : bad)++;
+  if (bad == 0) return Fail("some WRs fail once the wire is cut");
+  if (tx[4].status != IBV_WC_WR_FLUSH_ERR) return Fail("last flushed");
+  auto rx = PollN(p.b.cq, 8);
+  int flushed = 0;
+  for (auto& wc : rx) flushed += wc.status == IBV_WC_WR_FLUSH_ERR;
+  if (flushed == 0) return Fail("the peer's receives flush");
+  if (QpState(p.b.qp) != IBV_QPS_ERR) return Fail("peer QP in error");
+  printf("ok %d delivered, %d failed\n", ok, bad);
+  return 0;
+}
+
+// SOFTVERBS_DELAY_US=40000
+int ScenarioDelay() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  PostRecv(p.b.qp, p.dst, 0, 64, 1);
+  auto t0 = std::chrono::steady_clock::now();
+  PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 8, 1);
+  if (PollN(p.a.cq, 1).size() != 1) return Fail("completion");
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - t0).count();
+  if (ms < 40) return Fail("completion came before the configured delay");
+  printf("ok %lld ms\n", static_cast<long long>(ms));
+  return 0;
+}
+
+// SOFTVERBS_MAX_QP_WR=4 SOFTVERBS_MAX_CQE=16
+int ScenarioSmallQueues() {
+  ibv_context* ctx = OpenDevice();
+  if (ctx == nullptr) return Fail("open");
+  ibv_device_attr d{};
+  ibv_query_device(ctx, &d);
+  if (d.max_qp_wr != 4 || d.max_cqe != 16) return Fail("device reports the limits");
+  if (ibv_create_cq(ctx, 17, nullptr, nullptr, 0) != nullptr) return Fail("cq above max_cqe");
+  QpOptions big;
+  big.max_send_wr = 8;
+  Side s = MakeSide(ctx, big);
+  if (s.qp != nullptr) return Fail("qp above max_qp_wr");
+  QpOptions o;
+  o.max_send_wr = 4;
+  o.max_recv_wr = 4;
+  Pair p;
+  if (!p.Open(o)) return Fail("pair with 4-deep queues");
+  int err = 0, n = 0;
+  while (err == 0 && n < 10) {
+    err = PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 8, n);
+    if (err == 0) ++n;
+  }
+  if (n != 4 || err != ENOMEM) return Fail("fifth send is ENOMEM");
+  printf("ok\n");
+  return 0;
+}
+
+// SOFTVERBS_STATS=<file>
+int ScenarioStats() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  PostRecv(p.b.qp, p.dst, 0, 64, 1);
+  PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 10, 1);
+  PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 0, 1000, 2, IBV_SEND_SIGNALED, p.dst.addr(),
+           p.dst.mr->rkey);
+  PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 0, 500, 3, IBV_SEND_SIGNALED, p.dst.addr(),
+           p.dst.mr->rkey);
+  if (PollN(p.a.cq, 3).size() != 3) return Fail("3 completions");
+  printf("ok\n");
+  return 0;  // counters are written at exit
+}
+
+// Plain data exchange, for running over a chosen wire (SOFTVERBS_SHM=0).
+int ScenarioExchange() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  Fill(p.src.data.data(), 1 << 20, 4);
+  PostRecv(p.b.qp, p.dst, 0, 1 << 20, 1);
+  PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 1 << 20, 1);
+  auto rx = PollN(p.b.cq, 1);
+  if (rx.size() != 1 || rx[0].status || !Check(p.dst.data.data(), 1 << 20, 4))
+    return Fail("1 MB send");
+  Fill(p.dst.data.data(), 1 << 20, 5);
+  PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 0, 1 << 20, 2, IBV_SEND_SIGNALED, p.dst.addr(),
+           p.dst.mr->rkey);
+  auto tx = PollN(p.a.cq, 2);
+  if (tx.size() != 2 || tx[1].status || !Check(p.src.data.data(), 1 << 20, 5))
+    return Fail("1 MB read");
+  printf("ok\n");
+  return 0;
+}
+
+namespace {
+
+TEST(Faults, FailWrCompletesTheNthRequestInError) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_FAIL_WR=3", "SOFTVERBS_FAIL_STATUS=REM_OP_ERR"},
+                    {"--scenario", "fail-wr"}, &out),
+            0)
+      << out;
+}
+
+TEST(Faults, DropAfterOpsCutsTheWire) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_DROP_AFTER_OPS=3"}, {"--scenario", "drop"}, &out), 0) << out;
+}
+
+TEST(Faults, DelayHoldsCompletions) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_DELAY_US=40000"}, {"--scenario", "delay"}, &out), 0) << out;
+}
+
+TEST(Faults, ShrunkQueuesAreEnforced) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_MAX_QP_WR=4", "SOFTVERBS_MAX_CQE=16"},
+                    {"--scenario", "small-queues"}, &out),
+            0)
+      << out;
+}
+
+TEST(Faults, TcpWireCarriesTheSameTraffic) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_SHM=0", "SOFTVERBS_TRACE=1"}, {"--scenario", "exchange"}, &out),
+            0)
+      << out;
+  EXPECT_NE(out.find(" tcp"), std::string::npos) << "the link used TCP: " << out;
+}
+
+TEST(Faults, SharedMemoryWireOnOneHost) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_TRACE=1"}, {"--scenario", "exchange"}, &out), 0) << out;
+  EXPECT_NE(out.find(" shm"), std::string::npos) << "the link used shared memory: " << out;
+}
+
+TEST(Counters, StatsAtExitCountOperationsAndBytes) {
+  char path[] = "/tmp/softverbs-stats-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  std::string out;
+  ASSERT_EQ(RunSelf({std::string("SOFTVERBS_STATS=") + path}, {"--scenario", "stats"}, &out), 0)
+      << out;
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string s = ss.str();
+  unlink(path);
+  EXPECT_NE(s.find("dir=tx op=SEND ops=1 bytes=10"), std::string::npos) << s;
+  EXPECT_NE(s.find("dir=tx op=RDMA_WRITE ops=1 bytes=1000"), std::string::npos) << s;
+  EXPECT_NE(s.find("dir=tx op=RDMA_READ ops=1 bytes=500"), std::string::npos) << s;
+  EXPECT_NE(s.find("dir=rx op=RECV ops=1 bytes=10"), std::string::npos) << s;
+  EXPECT_NE(s.find("dir=rx op=RDMA_WRITE ops=1 bytes=1000"), std::string::npos) << s;
+}
+
+TEST(Config, BadValuesAreNamedAndDisableTheDevice) {
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_RING_KB=abc"}, {"--scenario", "list-devices"}, &out), 0) << out;
+  EXPECT_NE(out.find("SOFTVERBS_RING_KB='abc' is not valid"), std::string::npos) << out;
+  EXPECT_NE(out.find("devices=0"), std::string::npos) << out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_DEVICES=mlx5_0:192.0.2.77"}, {"--scenario", "list-devices"},
+                    &out),
+            0);
+  EXPECT_NE(out.find("not an address of this host"), std::string::npos) << out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_RING_KB=12"}, {"--scenario", "list-devices"}, &out), 0);
+  EXPECT_NE(out.find("power of two"), std::string::npos) << out;
+}
+
+}  // namespace
+
+int ScenarioListDevices() {
+  int n = -1;
+  ibv_device** l = ibv_get_device_list(&n);
+  printf("devices=%d\n", n);
+  if (l) ibv_free_device_list(l);
+  return 0;
+}

@@ -1,0 +1,34 @@
+// softverbs_test's main: either the gtest suite, or (with --scenario NAME)
+// one child-process scenario that a test runs with its own environment.
+#include <gtest/gtest.h>
+#include <string.h>
+
+#include <cstdlib>
+#include <string>
+
+int ScenarioCmConnectDie(uint16_t port);
+int ScenarioFailWr();
+int ScenarioDrop();
+int ScenarioDelay();
+int ScenarioSmallQueues();
+int ScenarioStats();
+int ScenarioExchange();
+int ScenarioListDevices();
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && strcmp(argv[1], "--scenario") == 0) {
+    std::string s = argv[2];
+    if (s == "cm-connect-die" && argc >= 4) return ScenarioCmConnectDie(std::atoi(argv[3]));
+    if (s == "fail-wr") return ScenarioFailWr();
+    if (s == "drop") return ScenarioDrop();
+    if (s == "delay") return ScenarioDelay();
+    if (s == "small-queues") return ScenarioSmallQueues();
+    if (s == "stats") return ScenarioStats();
+    if (s == "exchange") return ScenarioExchange();
+    if (s == "list-devices") return ScenarioListDevices();
+    fprintf(stderr, "unknown scenario %s\n", s.c_str());
+    return 100;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,474 @@
+// softverbs through the public libibverbs API: data movement, every error
+// completion a real HCA gives, the QP state machine and completion channels.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <string.h>
+
+#include <chrono>
+#include <thread>
+
+#include "sv_test_util.h"
+
+using namespace svtest;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+class VerbsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Open(QpOptions{}, QpOptions{}); }
+  void Open(const QpOptions& oa, const QpOptions& ob) {
+    ctx_ = OpenDevice();
+    ASSERT_NE(ctx_, nullptr) << "no softverbs device (SOFTVERBS_DEVICES)";
+    a_ = MakeSide(ctx_, oa);
+    b_ = MakeSide(ctx_, ob);
+    ASSERT_NE(a_.qp, nullptr);
+    ASSERT_NE(b_.qp, nullptr);
+    ASSERT_TRUE(ConnectPair(ctx_, a_, b_, oa, ob));
+  }
+  void TearDown() override {
+    // QPs first: nothing may still point into the buffers.
+    for (Side* s : {&a_, &b_}) {
+      if (s->qp) ibv_destroy_qp(s->qp);
+      s->qp = nullptr;
+    }
+    for (Buffer* buf : bufs_) FreeBuffer(*buf);
+    DestroySide(a_);
+    DestroySide(b_);
+    if (ctx_) ibv_close_device(ctx_);
+  }
+  Buffer& Buf(ibv_pd* pd, size_t size, int access = kAll) {
+    owned_.push_back(std::make_unique<Buffer>(MakeBuffer(pd, size, access)));
+    bufs_.push_back(owned_.back().get());
+    EXPECT_NE(owned_.back()->mr, nullptr);
+    return *owned_.back();
+  }
+
+  ibv_context* ctx_ = nullptr;
+  Side a_, b_;
+  std::vector<std::unique_ptr<Buffer>> owned_;
+  std::vector<Buffer*> bufs_;
+};
+
+TEST_F(VerbsTest, DeviceAndPortAttributes) {
+  ibv_device_attr d{};
+  ASSERT_EQ(ibv_query_device(ctx_, &d), 0);
+  EXPECT_EQ(d.phys_port_cnt, 1);
+  EXPECT_GT(d.max_qp_wr, 0);
+  ibv_port_attr p{};
+  ASSERT_EQ(ibv_query_port(ctx_, 1, &p), 0);
+  EXPECT_EQ(p.state, IBV_PORT_ACTIVE);
+  EXPECT_NE(p.lid, 0);
+  EXPECT_NE(ibv_query_port(ctx_, 2, &p), 0);
+  ibv_gid gid{};
+  ASSERT_EQ(ibv_query_gid(ctx_, 1, 0, &gid), 0);
+  EXPECT_EQ(gid.raw[10], 0xff);
+  EXPECT_STREQ(ibv_get_device_name(ctx_->device), getenv("SV_TEST_DEVICE_NAME")
+                                                      ? getenv("SV_TEST_DEVICE_NAME")
+                                                      : "mlx5_0");
+}
+
+TEST_F(VerbsTest, SendRecvWithImmediateAndEmptyMessages) {
+  Buffer& src = Buf(a_.pd, 8192);
+  Buffer& dst = Buf(b_.pd, 8192);
+  Fill(src.data.data(), 8192, 7);
+  const size_t sizes[] = {0, 1, 100, 4096, 8192};
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(PostRecv(b_.qp, dst, 0, 8192, 100 + i), 0);
+  for (int i = 0; i < 5; ++i) {
+    ibv_wr_opcode op = (i % 2) ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    ASSERT_EQ(PostSend(a_.qp, op, src, 0, sizes[i], i, IBV_SEND_SIGNALED, 0, 0, 0x1000 + i), 0);
+    auto rx = PollN(b_.cq, 1);
+    ASSERT_EQ(rx.size(), 1u);
+    EXPECT_EQ(rx[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rx[0].opcode, IBV_WC_RECV);
+    EXPECT_EQ(rx[0].wr_id, 100u + i);
+    EXPECT_EQ(rx[0].byte_len, sizes[i]);
+    EXPECT_EQ(rx[0].src_qp, a_.qp->qp_num);
+    if (i % 2) {
+      EXPECT_TRUE(rx[0].wc_flags & IBV_WC_WITH_IMM);
+      EXPECT_EQ(be32toh(rx[0].imm_data), 0x1000u + i);
+    } else {
+      EXPECT_FALSE(rx[0].wc_flags & IBV_WC_WITH_IMM);
+    }
+    EXPECT_TRUE(Check(dst.data.data(), sizes[i], 7));
+    auto tx = PollN(a_.cq, 1);
+    ASSERT_EQ(tx.size(), 1u);
+    EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(tx[0].opcode, IBV_WC_SEND);
+    EXPECT_EQ(tx[0].wr_id, static_cast<uint64_t>(i));
+  }
+}
+
+TEST_F(VerbsTest, ScatterGatherOnBothSides) {
+  Buffer& src = Buf(a_.pd, 300);
+  Buffer& dst = Buf(b_.pd, 300);
+  Fill(src.data.data(), 300, 3);
+  ibv_sge rs[3] = {{dst.addr() + 200, 50, dst.mr->lkey},
+                   {dst.addr(), 100, dst.mr->lkey},
+                   {dst.addr() + 100, 100, dst.mr->lkey}};
+  ibv_recv_wr rwr{}, *rbad;
+  rwr.sg_list = rs;
+  rwr.num_sge = 3;
+  ASSERT_EQ(ibv_post_recv(b_.qp, &rwr, &rbad), 0);
+  ibv_sge ss[2] = {{src.addr(), 120, src.mr->lkey}, {src.addr() + 120, 80, src.mr->lkey}};
+  ibv_send_wr swr{}, *sbad;
+  swr.sg_list = ss;
+  swr.num_sge = 2;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(ibv_post_send(a_.qp, &swr, &sbad), 0);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].byte_len, 200u);
+  EXPECT_EQ(memcmp(dst.data.data() + 200, src.data.data(), 50), 0);
+  EXPECT_EQ(memcmp(dst.data.data(), src.data.data() + 50, 100), 0);
+  EXPECT_EQ(memcmp(dst.data.data() + 100, src.data.data() + 150, 50), 0);
+}
+
+TEST_F(VerbsTest, RdmaWriteReadAndWriteWithImmediate) {
+  Buffer& local = Buf(a_.pd, 1 << 16);
+  Buffer& remote = Buf(b_.pd, 1 << 16);
+  Fill(local.data.data(), 1 << 15, 11);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_RDMA_WRITE, local, 0, 1 << 15, 1, IBV_SEND_SIGNALED,
+                     remote.addr() + 100, remote.mr->rkey),
+            0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(tx[0].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_TRUE(Check(remote.data.data() + 100, 1 << 15, 11));
+  EXPECT_EQ(PollN(b_.cq, 1, 50).size(), 0u) << "a plain write makes no responder completion";
+
+  Fill(remote.data.data() + 40000, 5000, 12);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_RDMA_READ, local, 50000, 5000, 2, IBV_SEND_SIGNALED,
+                     remote.addr() + 40000, remote.mr->rkey),
+            0);
+  tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(tx[0].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(tx[0].byte_len, 5000u);
+  EXPECT_TRUE(Check(local.data.data() + 50000, 5000, 12));
+
+  Buffer& rbuf = Buf(b_.pd, 64);
+  ASSERT_EQ(PostRecv(b_.qp, rbuf, 0, 64, 77), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_RDMA_WRITE_WITH_IMM, local, 0, 1000, 3, IBV_SEND_SIGNALED,
+                     remote.addr(), remote.mr->rkey, 0xabcd),
+            0);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rx[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(rx[0].wr_id, 77u);
+  EXPECT_EQ(rx[0].byte_len, 1000u);
+  EXPECT_EQ(be32toh(rx[0].imm_data), 0xabcdu);
+}
+
+TEST_F(VerbsTest, InlineDataIsCopiedAtPostTime) {
+  Buffer& dst = Buf(b_.pd, 64);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 1), 0);
+  char msg[32] = "inline payload";
+  ibv_sge sge{reinterpret_cast<uint64_t>(msg), 15, 0};  // no lkey needed
+  ibv_send_wr wr{}, *bad;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+  ASSERT_EQ(ibv_post_send(a_.qp, &wr, &bad), 0);
+  memset(msg, 'X', sizeof(msg));
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_STREQ(dst.data.data(), "inline payload");
+  std::string big(65, 'a');
+  sge = {reinterpret_cast<uint64_t>(big.data()), 65, 0};
+  EXPECT_EQ(ibv_post_send(a_.qp, &wr, &bad), EINVAL) << "above max_inline_data";
+}
+
+TEST_F(VerbsTest, UnsignaledSendsMakeNoCompletion) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, i), 0);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, i, 0), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 9, IBV_SEND_SIGNALED), 0);
+  EXPECT_EQ(PollN(b_.cq, 4).size(), 4u);
+  auto tx = PollN(a_.cq, 4, 300);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].wr_id, 9u);
+}
+
+TEST_F(VerbsTest, SendQueueFullIsEnomem) {
+  Buffer& src = Buf(a_.pd, 64);
+  int posted = 0, err = 0;
+  for (int i = 0; i < 200 && err == 0; ++i) {  // no receives: nothing completes
+    err = PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, i);
+    if (err == 0) ++posted;
+  }
+  EXPECT_EQ(err, ENOMEM);
+  EXPECT_EQ(posted, 64);
+}
+
+// Remote access errors: the requester gets IBV_WC_REM_ACCESS_ERR, both QPs
+// go to the error state and what follows is flushed.
+class RemoteAccessTest : public VerbsTest {
+ protected:
+  void ExpectAccessError(ibv_wr_opcode op, uint64_t addr, uint32_t rkey, size_t len = 64) {
+    Buffer& local = Buf(a_.pd, 4096);
+    ASSERT_EQ(PostSend(a_.qp, op, local, 0, len, 1, IBV_SEND_SIGNALED, addr, rkey), 0);
+    ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, local, 0, 8, 2, 0), 0);
+    auto tx = PollN(a_.cq, 2);
+    ASSERT_EQ(tx.size(), 2u);
+    EXPECT_EQ(tx[0].wr_id, 1u);
+    EXPECT_EQ(tx[0].status, IBV_WC_REM_ACCESS_ERR) << ibv_wc_status_str(tx[0].status);
+    EXPECT_EQ(tx[1].wr_id, 2u);
+    EXPECT_EQ(tx[1].status, IBV_WC_WR_FLUSH_ERR) << "unsignaled WRs flush with a completion";
+    EXPECT_EQ(QpState(a_.qp), IBV_QPS_ERR);
+    for (int i = 0; i < 100 && QpState(b_.qp) != IBV_QPS_ERR; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(QpState(b_.qp), IBV_QPS_ERR);
+  }
+};
+
+TEST_F(RemoteAccessTest, UnknownRkey) {
+  Buffer& remote = Buf(b_.pd, 4096);
+  ExpectAccessError(IBV_WR_RDMA_WRITE, remote.addr(), remote.mr->rkey ^ 0x5a5a00);
+}
+
+TEST_F(RemoteAccessTest, WriteOutOfBounds) {
+  Buffer& remote = Buf(b_.pd, 4096);
+  ExpectAccessError(IBV_WR_RDMA_WRITE, remote.addr() + 4090, remote.mr->rkey);
+}
+
+TEST_F(RemoteAccessTest, ReadBeforeTheRegion) {
+  Buffer& remote = Buf(b_.pd, 4096);
+  ExpectAccessError(IBV_WR_RDMA_READ, remote.addr() - 8, remote.mr->rkey);
+}
+
+TEST_F(RemoteAccessTest, RegionOfAnotherProtectionDomain) {
+  ibv_pd* other = ibv_alloc_pd(ctx_);
+  Buffer& remote = Buf(other, 4096);
+  ExpectAccessError(IBV_WR_RDMA_WRITE, remote.addr(), remote.mr->rkey);
+  FreeBuffer(remote);
+  EXPECT_EQ(ibv_dealloc_pd(other), 0);
+}
+
+TEST_F(RemoteAccessTest, WriteWithoutRemoteWriteRight) {
+  Buffer& remote = Buf(b_.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+  ExpectAccessError(IBV_WR_RDMA_WRITE, remote.addr(), remote.mr->rkey);
+}
+
+TEST_F(RemoteAccessTest, ReadWithoutRemoteReadRight) {
+  Buffer& remote = Buf(b_.pd, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ExpectAccessError(IBV_WR_RDMA_READ, remote.addr(), remote.mr->rkey);
+}
+
+TEST_F(VerbsTest, BadLkeyIsLocalProtectionError) {
+  Buffer& src = Buf(a_.pd, 64);
+  ibv_sge sge{src.addr(), 64, src.mr->lkey + 7};
+  ibv_send_wr wr{}, *bad;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ASSERT_EQ(ibv_post_send(a_.qp, &wr, &bad), 0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_LOC_PROT_ERR);
+  EXPECT_EQ(QpState(a_.qp), IBV_QPS_ERR);
+}
+
+TEST_F(VerbsTest, ReceiveTooSmallIsLengthError) {
+  Buffer& src = Buf(a_.pd, 256);
+  Buffer& dst = Buf(b_.pd, 256);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 16, 5), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 100, 6), 0);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_LOC_LEN_ERR);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_REM_INV_REQ_ERR);
+}
+
+TEST_F(VerbsTest, ErrorStateFlushesPostedReceives) {
+  Buffer& dst = Buf(b_.pd, 64);
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, i), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(b_.qp, &a, IBV_QP_STATE), 0);
+  auto rx = PollN(b_.cq, 5);
+  ASSERT_EQ(rx.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(rx[i].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(rx[i].wr_id, static_cast<uint64_t>(i));
+  }
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 9), 0);  // in ERR: flushed at once
+  rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_F(VerbsTest, PostingInTheWrongStateIsRefused) {
+  Side c = MakeSide(ctx_, QpOptions{});
+  Buffer& src = Buf(c.pd, 64);
+  EXPECT_EQ(PostRecv(c.qp, src, 0, 64, 1), EINVAL) << "receive in RESET";
+  EXPECT_EQ(PostSend(c.qp, IBV_WR_SEND, src, 0, 8, 1), EINVAL) << "send in RESET";
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  EXPECT_EQ(ibv_modify_qp(c.qp, &a, IBV_QP_STATE), EINVAL) << "RESET to RTR";
+  a.qp_state = IBV_QPS_INIT;
+  EXPECT_EQ(ibv_modify_qp(c.qp, &a, IBV_QP_STATE), EINVAL) << "INIT without port/access";
+  a.port_num = 1;
+  EXPECT_EQ(ibv_modify_qp(c.qp, &a,
+                          IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+            0);
+  EXPECT_EQ(PostSend(c.qp, IBV_WR_SEND, src, 0, 8, 1), EINVAL) << "send in INIT";
+  FreeBuffer(src);
+  bufs_.pop_back();
+  DestroySide(c);
+}
+
+TEST(MemoryRegion, RemoteWriteNeedsLocalWrite) {
+  ibv_context* ctx = OpenDevice();
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  char buf[64];
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr);
+  EXPECT_EQ(mr->lkey, mr->rkey);
+  EXPECT_EQ(ibv_dealloc_pd(pd), EBUSY) << "PD still has an MR";
+  ibv_dereg_mr(mr);
+  EXPECT_EQ(ibv_dealloc_pd(pd), 0);
+  ibv_close_device(ctx);
+}
+
+class RnrTest : public VerbsTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(RnrTest, RetryCountExceededWithoutAReceive) {
+  QpOptions o;
+  o.rnr_retry = 2;
+  o.min_rnr_timer = 1;
+  Open(o, o);
+  Buffer& src = Buf(a_.pd, 64);
+  auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 1), 0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+  EXPECT_EQ(QpState(a_.qp), IBV_QPS_ERR);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST_F(RnrTest, InfiniteRetryWaitsForTheReceive) {
+  QpOptions o;
+  o.rnr_retry = 7;
+  Open(o, o);
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  Fill(src.data.data(), 64, 5);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 64, 1), 0);
+  EXPECT_EQ(PollN(a_.cq, 1, 200).size(), 0u) << "must wait, not fail";
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 2), 0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(Check(dst.data.data(), 64, 5));
+}
+
+class ChannelTest : public VerbsTest {
+ protected:
+  void SetUp() override {
+    QpOptions o;
+    o.channel = true;
+    Open(o, o);
+  }
+  bool Readable(int fd, int ms) {
+    pollfd p{fd, POLLIN, 0};
+    return poll(&p, 1, ms) == 1;
+  }
+  void SendOne(Buffer& src, Buffer& dst, uint64_t id) {
+    ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, id), 0);
+    ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, id), 0);
+  }
+};
+
+TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  int fd = b_.channel->fd;
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  ibv_cq* cq;
+  void* cq_ctx;
+  EXPECT_EQ(ibv_get_cq_event(b_.channel, &cq, &cq_ctx), -1);
+  EXPECT_EQ(errno, EAGAIN);
+
+  SendOne(src, dst, 1);  // not armed: no event
+  EXPECT_EQ(PollN(b_.cq, 1).size(), 1u);
+  EXPECT_FALSE(Readable(fd, 50));
+
+  ASSERT_EQ(ibv_req_notify_cq(b_.cq, 0), 0);
+  SendOne(src, dst, 2);
+  SendOne(src, dst, 3);
+  EXPECT_TRUE(Readable(fd, 5000));
+  ASSERT_EQ(ibv_get_cq_event(b_.channel, &cq, &cq_ctx), 0);
+  EXPECT_EQ(cq, b_.cq);
+  EXPECT_FALSE(Readable(fd, 100)) << "one event per arm";
+  EXPECT_EQ(PollN(b_.cq, 2).size(), 2u);
+  ibv_ack_cq_events(b_.cq, 1);
+  PollN(a_.cq, 3);
+}
+
+TEST_F(ChannelTest, ChannelInUseCannotBeDestroyed) {
+  EXPECT_EQ(ibv_destroy_comp_channel(b_.channel), EBUSY);
+}
+
+TEST_F(VerbsTest, LargeWriteThroughTheRingIsByteExact) {
+  const size_t kSize = 64u << 20;  // much larger than the wire's ring
+  Buffer& local = Buf(a_.pd, kSize);
+  Buffer& remote = Buf(b_.pd, kSize);
+  Fill(local.data.data(), kSize, 99);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_RDMA_WRITE, local, 0, kSize, 1, IBV_SEND_SIGNALED,
+                     remote.addr(), remote.mr->rkey),
+            0);
+  auto tx = PollN(a_.cq, 1, 60000);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  EXPECT_TRUE(Check(remote.data.data(), kSize, 99));
+}
+
+TEST_F(VerbsTest, ManyMessagesInFlightStayInOrder) {
+  Buffer& src = Buf(a_.pd, 64 * 1024);
+  Buffer& dst = Buf(b_.pd, 64 * 1024);
+  int received = 0, sent = 0;
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 32; ++i) {
+      uint64_t id = round * 32 + i;
+      ASSERT_EQ(PostRecv(b_.qp, dst, i * 2048, 2048, id), 0);
+      Fill(src.data.data() + i * 2048, 2048, static_cast<uint32_t>(id));
+    }
+    for (int i = 0; i < 32; ++i)
+      ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, i * 2048, 1 + (i * 61) % 2048,
+                         round * 32 + i),
+                0);
+    auto rx = PollN(b_.cq, 32);
+    ASSERT_EQ(rx.size(), 32u);
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_EQ(rx[i].wr_id, static_cast<uint64_t>(round * 32 + i));
+      EXPECT_EQ(rx[i].byte_len, 1u + (i * 61) % 2048);
+      EXPECT_TRUE(Check(dst.data.data() + i * 2048, rx[i].byte_len, round * 32 + i));
+    }
+    received += static_cast<int>(rx.size());
+    sent += static_cast<int>(PollN(a_.cq, 32).size());
+  }
+  EXPECT_EQ(received, 640);
+  EXPECT_EQ(sent, 640);
+}
+
+}  // namespace
