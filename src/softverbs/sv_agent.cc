@@ -173,7 +173,8 @@ void Runtime::StartAgent() {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.ptr = new EpollTag{EpollTag::kWake, nullptr, wake_fd_};
+    wake_tag_ = new EpollTag{EpollTag::kWake, nullptr, wake_fd_};
+    ev.data.ptr = wake_tag_;
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     std::thread([this] { AgentMain(); }).detach();
   });
@@ -185,8 +186,9 @@ void Runtime::Wake() {
   (void)!write(wake_fd_, &one, sizeof(one));
 }
 
-void Runtime::Watch(int fd, void* tag, bool want_out) {
+void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
   StartAgent();
+  tags_[fd] = tag;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.ptr = tag;
@@ -195,6 +197,11 @@ void Runtime::Watch(int fd, void* tag, bool want_out) {
 
 void Runtime::Unwatch(int fd) {
   if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  auto it = tags_.find(fd);
+  if (it != tags_.end()) {
+    retired_now_.push_back(it->second);
+    tags_.erase(it);
+  }
 }
 
 bool Runtime::ProgressLinkLocked(Link* l) {
@@ -232,7 +239,9 @@ void Runtime::AgentMain() {
     int timeout_ms = 0;
     bool slept = false;
     if (NowUs() - last_active >= static_cast<uint64_t>(spin_us)) {
-      std::lock_guard<std::mutex> g(mu);
+      agent_waiting.fetch_add(1, std::memory_order_relaxed);
+      std::unique_lock<std::mutex> g(mu);
+      agent_waiting.fetch_sub(1, std::memory_order_relaxed);
       for (Link* l : links) LinkSetSleeping(l, true);
       std::atomic_thread_fence(std::memory_order_seq_cst);
       bool pending = false;
@@ -240,6 +249,11 @@ void Runtime::AgentMain() {
       uint64_t now = NowUs();
       for (Link* l : links) {
         if (LinkRecentlyPolled(l, now)) timers = true;
+        // The rest of a frame that has begun is on its way: keep spinning
+        // rather than pay a doorbell round trip per ring's worth.
+        if (l->state == LinkState::kUp && l->in_payload && l->in_begun && l->in_left > 0 &&
+            l->shm != nullptr)
+          pending = true;
         if (LinkHasRxData(l) && !(l->in_payload && !l->in_begun)) pending = true;
         if (l->in_payload && !l->in_begun) timers = true;
         if (l->state == LinkState::kConnecting || l->state == LinkState::kHandshake)
@@ -255,7 +269,9 @@ void Runtime::AgentMain() {
       }
     }
     int n = epoll_wait(epfd_, evs, 64, timeout_ms);
-    std::lock_guard<std::mutex> g(mu);
+    agent_waiting.fetch_add(1, std::memory_order_relaxed);
+    std::unique_lock<std::mutex> g(mu);
+    agent_waiting.fetch_sub(1, std::memory_order_relaxed);
     if (slept)
       for (Link* l : links) LinkSetSleeping(l, false);
     bool did = false;
@@ -280,6 +296,9 @@ void Runtime::AgentMain() {
       did = true;
     }
     did |= ProgressLocked();
+    for (EpollTag* t : retired_prev_) delete t;
+    retired_prev_.swap(retired_now_);
+    retired_now_.clear();
     if (did) last_active = NowUs();
     else if (!slept) sched_yield();
   }

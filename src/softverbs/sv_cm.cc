@@ -554,9 +554,10 @@ int rdma_destroy_id(rdma_cm_id* cid) {
   for (Link* l : Rt().links)
     if (l->cm == id) l->cm = nullptr;
   if (id->listen_fd >= 0) {
-    Rt().Unwatch(id->listen_fd);
+    Rt().Unwatch(id->listen_fd);  // retires listen_tag
     close(id->listen_fd);
   }
+  free(id->id.route.path_rec);
   bool sync = id->sync && id->listener == nullptr;
   rdma_event_channel* ch = &id->chan->ch;
   lk.unlock();

@@ -51,12 +51,13 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   // Progress on poll: an application that busy-polls drives its own QPs'
   // wires, without a hop through the agent thread.
   Runtime& rt = Runtime::Get();
+  if (rt.agent_waiting.load(std::memory_order_relaxed) != 0) return 0;
   std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
   bool did = false;
   uint64_t now = NowUs();
   for (Qp* qp : cq->qps) {
-    if (qp->link == nullptr) continue;
+    if (qp->link == nullptr || qp->link->state != LinkState::kUp) continue;
     LinkMarkPolled(qp->link, now);
     did |= rt.ProgressLinkLocked(qp->link);
   }

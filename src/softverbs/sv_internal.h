@@ -252,6 +252,13 @@ struct Qp {
 
 // ----------------------------------------------------------------- runtime -
 
+// What the agent's epoll reports an fd as.
+struct EpollTag {
+  enum Kind { kWake, kQpListener, kLink, kCmListener } kind;
+  void* obj;
+  int fd;
+};
+
 class Runtime {
  public:
   static Runtime& Get();
@@ -274,7 +281,10 @@ class Runtime {
   void StartAgent();
   void Wake();
   // Registers fd with the agent's epoll (EPOLLIN, plus EPOLLOUT if asked).
-  void Watch(int fd, void* tag, bool want_out);
+  // The runtime owns the tag; Unwatch retires it. A retired tag is freed
+  // only after the agent has finished an epoll batch that began after the
+  // retirement, so a batch in flight never sees a freed tag.
+  void Watch(int fd, EpollTag* tag, bool want_out);
   void Unwatch(int fd);
 
   // Makes progress on every link (caller holds mu). Returns true if any
@@ -289,21 +299,22 @@ class Runtime {
 
   uint64_t boot_hash = 0, netns = 0;
 
+  // Set while the agent waits for mu: pollers then leave it alone, or a
+  // busy-polling application would starve the agent with try_lock.
+  std::atomic<int> agent_waiting{0};
+
  private:
   Runtime();
   void AgentMain();
   int epfd_ = -1;
   int wake_fd_ = -1;
+  std::map<int, EpollTag*> tags_;            // guarded by mu (wake tag: agent only)
+  std::vector<EpollTag*> retired_now_, retired_prev_;
+  EpollTag* wake_tag_ = nullptr;
   std::once_flag agent_once_;
   std::atomic<bool> sleeping_{false};
 };
 
-// Tags that the agent's epoll carries, besides Link*.
-struct EpollTag {
-  enum Kind { kWake, kQpListener, kLink, kCmListener } kind;
-  void* obj;
-  int fd;
-};
 
 // Completion helpers (sv_cq.cc). Caller holds Runtime::mu.
 void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited);

@@ -387,7 +387,10 @@ bool LinkReceive(Link* l) {
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (l->rx->producer_waiting.load(std::memory_order_relaxed)) {
       l->rx->producer_waiting.store(0, std::memory_order_relaxed);
-      LinkDoorbell(l);
+      // A producer that polls its CQ (it marks its own receive ring, our
+      // transmit ring) will see the space without being woken.
+      if (NowUs() - l->tx->consumer_polled_us.load(std::memory_order_relaxed) > kPollGraceUs)
+        LinkDoorbell(l);
     }
   }
   return moved;

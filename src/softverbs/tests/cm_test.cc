@@ -17,7 +17,9 @@ using namespace svtest;
 
 namespace {
 
-std::atomic<int> g_port{20000 + (getpid() % 5000) * 4};
+// CM port P listens on TCP port P ^ 0x8000: ports from 40000 map below the
+// ephemeral range, where no outgoing connection can be holding them.
+std::atomic<int> g_port{40000 + (getpid() % 4000) * 4};
 
 sockaddr_in Addr(uint16_t port) {
   sockaddr_in a{};

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs every test of grpc-rdma on a Debian 12 machine, setting it up first
+# (packages, gRPC source, build): README's test command, and what CI runs.
+#
+#   1. scripts/setup.sh, then the whole CTest suite in build/: softverbs'
+#      own tests over both of its wires, and unmodified rdma-core and
+#      perftest programs over softverbs, on loopback and between two network
+#      namespaces (needs root for `ip netns`);
+#   2. the same suite again in build-asan/, built with AddressSanitizer and
+#      UndefinedBehaviorSanitizer.
+#
+# Environment: GRPC_RDMA_SKIP_SANITIZERS=1 skips step 2 (quicker local runs).
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$repo"
+jobs=${GRPC_RDMA_JOBS:-2}
+status=0
+
+run_suite() {  # NAME BUILD_DIR
+  echo "test: running the $1 suite in $2"
+  if ! ctest --test-dir "$2" --output-on-failure -j "$jobs" --timeout 900; then
+    status=1
+  fi
+}
+
+GRPC_RDMA_BUILD_DIR="$repo/build" scripts/setup.sh
+run_suite default "$repo/build"
+
+if [[ "${GRPC_RDMA_SKIP_SANITIZERS:-0}" != 1 ]]; then
+  GRPC_RDMA_BUILD_DIR="$repo/build-asan" \
+    GRPC_RDMA_CMAKE_ARGS="-DGRPC_RDMA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" \
+    scripts/setup.sh
+  run_suite "ASan+UBSan" "$repo/build-asan"
+fi
+
+if [[ $status -eq 0 ]]; then
+  echo "test: all suites passed"
+else
+  echo "test: FAILED (see above)"
+fi
+exit $status
