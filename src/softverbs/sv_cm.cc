@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -58,7 +59,6 @@ struct CmEvent {
   rdma_cm_event ev;
   uint8_t pdata[256];
   CmId* owner = nullptr;
-  bool dead = false;
 };
 
 // The channel fd is a semaphore eventfd: one count per queued event. Like
@@ -68,6 +68,7 @@ struct EventChannel {
   rdma_event_channel ch;
   std::mutex mu;
   std::deque<CmEvent*> q;
+  std::atomic<int> readers{0};  // threads inside rdma_get_cm_event
 };
 
 namespace {
@@ -510,6 +511,14 @@ rdma_event_channel* rdma_create_event_channel(void) {
 
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
   auto* ch = reinterpret_cast<EventChannel*>(channel);
+  if (ch->readers.load() > 0) {
+    // A thread still waits on it (rping destroys its channel without
+    // joining its CM thread). With the kernel's fd that thread simply stays
+    // blocked; keep the channel open so it does here too, instead of
+    // letting it read a closed or reused fd.
+    Trace("cm: event channel destroyed while a thread waits on it; left open");
+    return;
+  }
   close(ch->ch.fd);
   for (CmEvent* e : ch->q) delete e;
   delete ch;
@@ -545,10 +554,27 @@ int rdma_destroy_id(rdma_cm_id* cid) {
   std::unique_lock<std::mutex> lk(Rt().mu);
   id->acked.wait(lk, [&] { return id->unacked == 0; });
   Ids().erase(id);
+  // Undelivered events of this id go away with it, and so does the
+  // readability they gave the channel fd (as the kernel does), so a thread
+  // blocked on the channel stays blocked instead of waking to nothing.
   {
-    std::lock_guard<std::mutex> g(id->chan->mu);
-    for (CmEvent* e : id->chan->q)
-      if (e->owner == id || e->ev.id == cid) e->dead = true;
+    EventChannel* ch = id->chan;
+    std::lock_guard<std::mutex> g(ch->mu);
+    size_t removed = 0;
+    for (auto it = ch->q.begin(); it != ch->q.end();) {
+      if ((*it)->owner == id || (*it)->ev.id == cid) {
+        delete *it;
+        it = ch->q.erase(it);
+        ++removed;
+      } else {
+        ++it;
+      }
+    }
+    for (; removed > 0; --removed) {
+      pollfd p{ch->ch.fd, POLLIN, 0};
+      uint64_t token;
+      if (poll(&p, 1, 0) != 1 || read(ch->ch.fd, &token, sizeof(token)) != sizeof(token)) break;
+    }
   }
   DropLink(id);
   for (Link* l : Rt().links)
@@ -867,6 +893,11 @@ int rdma_disconnect(rdma_cm_id* cid) {
 int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
   auto* ch = reinterpret_cast<EventChannel*>(channel);
   if (event == nullptr) return Fail(EINVAL);
+  ch->readers.fetch_add(1);
+  struct Leave {
+    EventChannel* ch;
+    ~Leave() { ch->readers.fetch_sub(1); }
+  } leave{ch};
   for (;;) {
     uint64_t token;
     ssize_t r = read(ch->ch.fd, &token, sizeof(token));
@@ -877,13 +908,11 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     CmEvent* e = nullptr;
     {
       std::lock_guard<std::mutex> g(ch->mu);
+      // Empty: rdma_destroy_id took this event back after we read its
+      // token; block again, as the kernel's fd would have.
       if (ch->q.empty()) continue;
       e = ch->q.front();
       ch->q.pop_front();
-    }
-    if (e->dead) {
-      delete e;
-      continue;
     }
     std::lock_guard<std::mutex> g(Rt().mu);
     if (Ids().count(e->owner)) ++e->owner->unacked;
