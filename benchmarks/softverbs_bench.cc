@@ -181,7 +181,11 @@ double Percentile(std::vector<double> v, double p) {
 struct VerbsResult {
   std::vector<double> p50_us, p99_us;
   double write_gbs = 0;
+  double memcpy_gbs = 0;
 };
+
+constexpr int kReps = 5;
+double MemcpyGbs(int iters);
 
 void VerbsServer(int rd, int wr, const Options& o) {
   Endpoint e;
@@ -248,20 +252,27 @@ VerbsResult VerbsClient(int rd, int wr, const Options& o) {
     r.p50_us.push_back(Percentile(us, 0.5));
     r.p99_us.push_back(Percentile(us, 0.99));
   }
-  // 4 MB writes, 4 in flight.
+  // 4 MB writes, 4 in flight; the median of kReps runs, each interleaved
+  // with a memcpy run so that both see the same machine.
   const size_t kChunk = 4 << 20;
-  auto t0 = Clock::now();
-  int inflight = 0;
-  for (int i = 0; i < o.bw_iters; ++i) {
-    e.Post(IBV_WR_RDMA_WRITE, kChunk, true, peer.addr, peer.rkey);
-    if (++inflight == 4) {
-      e.WaitFor(false);
-      --inflight;
+  std::vector<double> gbs, mem;
+  for (int rep = 0; rep < kReps; ++rep) {
+    auto t0 = Clock::now();
+    int inflight = 0;
+    for (int i = 0; i < o.bw_iters; ++i) {
+      e.Post(IBV_WR_RDMA_WRITE, kChunk, true, peer.addr, peer.rkey);
+      if (++inflight == 4) {
+        e.WaitFor(false);
+        --inflight;
+      }
     }
+    while (inflight-- > 0) e.WaitFor(false);
+    double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    gbs.push_back(static_cast<double>(kChunk) * o.bw_iters / s / 1e9);
+    mem.push_back(MemcpyGbs(o.bw_iters));
   }
-  while (inflight-- > 0) e.WaitFor(false);
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.write_gbs = static_cast<double>(kChunk) * o.bw_iters / s / 1e9;
+  r.write_gbs = Percentile(gbs, 0.5);
+  r.memcpy_gbs = Percentile(mem, 0.5);
   char done = 1;
   WriteAll(wr, &done, 1);
   return r;
@@ -361,7 +372,7 @@ int main(int argc, char** argv) {
     tcp50.push_back(Percentile(us, 0.5));
     tcp99.push_back(Percentile(us, 0.99));
   }
-  double mem = MemcpyGbs(o.bw_iters * 4);
+  double mem = v.memcpy_gbs;
 
   printf("| measure (one host, two processes) | softverbs | baseline | ratio |\n");
   printf("|---|---:|---:|---:|\n");
@@ -371,7 +382,8 @@ int main(int argc, char** argv) {
     printf("| %zu B round trip p99, us (baseline: TCP loopback) | %.2f | %.2f | %.2f |\n",
            o.sizes[i], v.p99_us[i], tcp99[i], v.p99_us[i] / tcp99[i]);
   }
-  printf("| 4 MB RDMA WRITE, GB/s (baseline: memcpy 4 MB) | %.2f | %.2f | %.2f |\n",
+  printf("| 4 MB RDMA WRITE, GB/s, median of %d (baseline: memcpy 4 MB) | %.2f | %.2f | %.2f |\n",
+         kReps,
          v.write_gbs, mem, v.write_gbs / mem);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
 }

@@ -45,36 +45,51 @@ static_assert(sizeof(ShmSeg) <= kShmHeader, "header page");
 
 char* RingData(Link* l, ShmRing* r) { return static_cast<char*>(l->shm) + r->data_off; }
 
+// Both ends publish their position every kStep bytes, so that while one
+// side copies a large payload in, the other is already copying it out (and
+// freeing space) instead of waiting for the whole copy.
+constexpr size_t kStep = 128 * 1024;
+
 size_t RingWrite(Link* l, const char* src, size_t n) {
   ShmRing* r = l->tx;
-  uint64_t head = r->head.load(std::memory_order_relaxed);
-  uint64_t tail = r->tail.load(std::memory_order_acquire);
-  size_t w = std::min<uint64_t>(n, r->size - (head - tail));
-  if (w == 0) return 0;
-  size_t at = head & (r->size - 1);
-  size_t first = std::min(w, r->size - at);
   char* data = RingData(l, r);
-  memcpy(data + at, src, first);
-  if (w > first) memcpy(data, src + first, w - first);
-  r->head.store(head + w, std::memory_order_release);
-  return w;
+  uint64_t head = r->head.load(std::memory_order_relaxed);
+  size_t done = 0;
+  while (done < n) {
+    uint64_t tail = r->tail.load(std::memory_order_acquire);
+    size_t w = std::min<uint64_t>({n - done, r->size - (head - tail), kStep});
+    if (w == 0) break;
+    size_t at = head & (r->size - 1);
+    size_t first = std::min(w, r->size - at);
+    memcpy(data + at, src + done, first);
+    if (w > first) memcpy(data, src + done + first, w - first);
+    head += w;
+    done += w;
+    r->head.store(head, std::memory_order_release);
+  }
+  return done;
 }
 
 size_t RingRead(Link* l, char* dst, size_t n) {
   ShmRing* r = l->rx;
+  const char* data = RingData(l, r);
   uint64_t tail = r->tail.load(std::memory_order_relaxed);
-  uint64_t head = r->head.load(std::memory_order_acquire);
-  size_t got = std::min<uint64_t>(n, head - tail);
-  if (got == 0) return 0;
-  if (dst != nullptr) {
-    size_t at = tail & (r->size - 1);
-    size_t first = std::min(got, r->size - at);
-    const char* data = RingData(l, r);
-    memcpy(dst, data + at, first);
-    if (got > first) memcpy(dst + first, data, got - first);
+  size_t done = 0;
+  while (done < n) {
+    uint64_t head = r->head.load(std::memory_order_acquire);
+    size_t got = std::min<uint64_t>({n - done, head - tail, kStep});
+    if (got == 0) break;
+    if (dst != nullptr) {
+      size_t at = tail & (r->size - 1);
+      size_t first = std::min(got, r->size - at);
+      memcpy(dst + done, data + at, first);
+      if (got > first) memcpy(dst + done + first, data, got - first);
+    }
+    tail += got;
+    done += got;
+    r->tail.store(tail, std::memory_order_release);
   }
-  r->tail.store(tail + got, std::memory_order_release);
-  return got;
+  return done;
 }
 
 // Reads up to n bytes of the inbound stream; dst == nullptr discards.
