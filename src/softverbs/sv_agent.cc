@@ -261,6 +261,7 @@ void Runtime::AgentMain() {
       }
       for (auto& [qpn, qp] : qps)
         if (qp->link_deadline_us != 0) timers = true;
+      if (cm_timers.load(std::memory_order_relaxed) != 0) timers = true;
       if (pending) {
         for (Link* l : links) LinkSetSleeping(l, false);
       } else {

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -93,6 +94,18 @@ struct CmRej {
   uint8_t pdata_len;
   uint8_t pdata[kRejPdata];
 };
+
+// Events that become visible later (address and route resolution take
+// time, as ARP and path queries do on hardware). Guarded by Runtime::mu.
+struct Delayed {
+  uint64_t due_us;
+  CmId* id;
+  rdma_cm_event_type type;
+};
+std::deque<Delayed>& DelayedEvents() {
+  static auto* d = new std::deque<Delayed>();
+  return *d;
+}
 
 std::set<CmId*>& Ids() {
   static auto* s = new std::set<CmId*>();
@@ -249,6 +262,8 @@ void OnListener(void* obj) {
   for (;;) {
     int fd = accept4(lid->listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
+    int one = 1;  // small frames (ACKs, doorbells) must not wait for Nagle
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     Link* l = NewLink(fd, false);
     l->cm = lid;
     l->cm_listener_side = true;
@@ -446,7 +461,28 @@ void OnDisconnectFrame(Link* l) {
   DropLink(id);
 }
 
+void PushEventLater(CmId* id, rdma_cm_event_type type) {
+  int delay = GetConfig().resolve_us;
+  if (delay == 0) {
+    PushEvent(id, type, 0);
+    return;
+  }
+  DelayedEvents().push_back({NowUs() + static_cast<uint64_t>(delay), id, type});
+  Rt().cm_timers.store(1);
+  Rt().StartAgent();  // it delivers the event, even before any QP exists
+  Rt().Wake();
+}
+
 void OnTimers(uint64_t now) {
+  auto& d = DelayedEvents();
+  while (!d.empty() && d.front().due_us <= now) {
+    Delayed e = d.front();
+    d.pop_front();
+    if (Ids().count(e.id)) PushEvent(e.id, e.type, 0);
+  }
+  bool connecting = false;
+  for (CmId* id : Ids()) connecting |= id->state == CmState::kConnecting;
+  Rt().cm_timers.store(!d.empty() || connecting ? 1 : 0);
   for (CmId* id : Ids()) {
     if (id->state == CmState::kConnecting && id->deadline_us != 0 && now > id->deadline_us) {
       id->deadline_us = 0;
@@ -661,7 +697,7 @@ int rdma_resolve_addr(rdma_cm_id* cid, sockaddr* src, sockaddr* dst, int) {
     }
     SetDst(id, d);
     id->state = CmState::kAddr;
-    PushEvent(id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+    PushEventLater(id, RDMA_CM_EVENT_ADDR_RESOLVED);
   }
   return id->sync ? WaitSync(id, RDMA_CM_EVENT_ADDR_RESOLVED) : 0;
 }
@@ -678,7 +714,7 @@ int rdma_resolve_route(rdma_cm_id* cid, int) {
       id->id.route.path_rec->pkey = htobe16(0xffff);
     }
     id->state = CmState::kRoute;
-    PushEvent(id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    PushEventLater(id, RDMA_CM_EVENT_ROUTE_RESOLVED);
   }
   return id->sync ? WaitSync(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
 }
@@ -800,6 +836,7 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
     l->ctl_out.append(reinterpret_cast<const char*>(&r), sizeof(r));
     id->state = CmState::kConnecting;
     id->deadline_us = NowUs() + kConnectTimeoutUs;
+    Rt().cm_timers.store(1);
     Rt().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
   }
   if (!id->sync) return 0;
@@ -905,18 +942,16 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
       if (r >= 0) errno = ENODATA;
       return -1;
     }
-    CmEvent* e = nullptr;
-    {
-      std::lock_guard<std::mutex> g(ch->mu);
-      // Empty: rdma_destroy_id took this event back after we read its
-      // token; block again, as the kernel's fd would have.
-      if (ch->q.empty()) continue;
-      e = ch->q.front();
-      ch->q.pop_front();
-    }
-    std::lock_guard<std::mutex> g(Rt().mu);
-    if (Ids().count(e->owner)) ++e->owner->unacked;
-    else e->owner = nullptr;
+    // Taken and counted under the lock rdma_destroy_id holds, so an id is
+    // never destroyed between the two, and no event outlives its id.
+    std::lock_guard<std::mutex> rg(Rt().mu);
+    std::lock_guard<std::mutex> g(ch->mu);
+    // Empty: rdma_destroy_id took this event back after we read its token;
+    // block again, as the kernel's fd would have.
+    if (ch->q.empty()) continue;
+    CmEvent* e = ch->q.front();
+    ch->q.pop_front();
+    ++e->owner->unacked;
     *event = &e->ev;
     return 0;
   }

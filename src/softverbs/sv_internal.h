@@ -54,6 +54,7 @@ struct Config {
   std::string stats;             // "", "stderr" or a file to append to
   bool trace = false;
   int cm_port_xor = 0x8000;      // RDMA CM port P listens on TCP port P^xor
+  int resolve_us = 1000;         // address and route resolution take this long
 };
 
 const Config& GetConfig();
@@ -302,6 +303,9 @@ class Runtime {
   // Set while the agent waits for mu: pollers then leave it alone, or a
   // busy-polling application would starve the agent with try_lock.
   std::atomic<int> agent_waiting{0};
+  // Non-zero while the CM has timed work (delayed events, connect deadlines):
+  // the agent then sleeps at most a millisecond.
+  std::atomic<int> cm_timers{0};
 
  private:
   Runtime();

@@ -184,8 +184,8 @@ void QueueFramesLocked(Qp* qp) {
     LinkEnqueue(l, std::move(f));
     if (wr.drop_link) {
       LinkPump(l);
-      Trace("fault: dropping the wire of qpn 0x%x after %llu ops", qp->qp.qp_num,
-            static_cast<unsigned long long>(qp->ops_posted));
+      Trace("fault: dropping the wire of qpn 0x%x after its send WR %ld", qp->qp.qp_num,
+            GetConfig().drop_after_ops);
       LinkKill(l);
       return;
     }
@@ -468,8 +468,13 @@ void QpLinkUpLocked(Qp* qp) {
 }
 
 void QpLinkDeadLocked(Qp* qp, bool) {
-  if (qp->qp.state == IBV_QPS_RTR || qp->qp.state == IBV_QPS_RTS || qp->qp.state == IBV_QPS_SQD)
-    QpToErrorLocked(qp, IBV_WC_RETRY_EXC_ERR);
+  if (qp->qp.state != IBV_QPS_RTR && qp->qp.state != IBV_QPS_RTS && qp->qp.state != IBV_QPS_SQD)
+    return;
+  // As on hardware, a QP learns that its peer is gone when it has something
+  // to send: outstanding requests fail at once, an idle QP stays as it is
+  // (its receives stay posted) and fails on its next send. Connections under
+  // RDMA CM go to error with DISCONNECTED instead (sv_cm.cc).
+  if (qp->cm_managed || !qp->sq.empty()) QpToErrorLocked(qp, IBV_WC_RETRY_EXC_ERR);
 }
 
 namespace {
@@ -570,6 +575,10 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     if (cfg.drop_after_ops != 0 && static_cast<long>(qp->ops_posted) == cfg.drop_after_ops)
       s.drop_link = true;
     qp->sq.push_back(std::move(s));
+  }
+  if (qp->link != nullptr && qp->link->state == LinkState::kDead && !qp->sq.empty()) {
+    QpToErrorLocked(qp, IBV_WC_RETRY_EXC_ERR);  // the peer went away while idle
+    return 0;
   }
   QueueFramesLocked(qp);
   if (qp->link != nullptr && qp->link->state == LinkState::kUp) LinkPump(qp->link);

@@ -19,6 +19,12 @@
 # SOFTVERBS_TRACE=1, whose link lines must name the expected wire
 # ("shm" on loopback, "tcp" across namespaces) and never the other one.
 #
+# One failure signature belongs to a Debian program itself, not to
+# softverbs, and is handled explicitly and always named in the PASS details:
+# perftest's -R listen race, whose built-in retry crashes (the case is re-run,
+# at most twice, see perftest_hit_listen_race).  Everything else fails the
+# case.
+#
 # Needs root for the namespace cases (ip netns).  Set
 # RUN_THIRDPARTY_KEEP_LOGS=1 to keep the log directory.
 set -u
@@ -100,7 +106,7 @@ unset SOFTVERBS_DEVICES SOFTVERBS_STATS SOFTVERBS_TRACE
 
 # ------------------------------------------------------- global state ------
 TMP_DIR=$(mktemp -d "${TMPDIR:-/tmp}/run_thirdparty.XXXXXX") || exit 2
-LIVE_PIDS=()           # background servers (their `timeout` process)
+LIVE_PIDS=()           # running programs (their `timeout` process)
 NS_A="svtp-$$-a"
 NS_B="svtp-$$-b"
 VETH_A="svtpa$$"
@@ -172,7 +178,7 @@ setup_netns() {
 }
 
 # --------------------------------------------------- per-case helpers ------
-# Set by begin_case / setup_env.
+# Per-case state, set by run_case / setup_env / run_pair.
 CASE=""; CASE_DIR=""; PORT=0; REASONS=(); NOTES=()
 S_NS=""; C_NS=""; S_DEVS=""; C_DEVS=""; SERVER_ADDR=""; WIRE=""; OTHER_WIRE=""
 SPID=""; SRC=0; CRC=0; SERVER_KILLED=0
@@ -217,10 +223,28 @@ build_cmd() {
   echo >>"$CASE_DIR/$role.cmd"
 }
 
-run_single() {  # PROG ARGS...: foreground, exit code in CRC
+# run_fg OUT ERR: runs CMD and waits for it.  It runs in the background so
+# that a signal to this script is handled at once (bash defers traps while a
+# foreground child runs); its exit code goes to CRC.
+run_fg() {
+  "${CMD[@]}" >"$1" 2>"$2" </dev/null &
+  local pid=$!
+  LIVE_PIDS+=("$pid")
+  # (2>/dev/null keeps bash's own "Segmentation fault" job notices out)
+  wait "$pid" 2>/dev/null
+  CRC=$?
+  forget_pid "$pid"
+}
+
+forget_pid() {
+  local p kept=()
+  for p in "${LIVE_PIDS[@]}"; do [ "$p" = "$1" ] || kept+=("$p"); done
+  LIVE_PIDS=("${kept[@]}")
+}
+
+run_single() {  # PROG ARGS...: exit code in CRC
   build_cmd single "$@"
-  # (the braces keep bash's own "Segmentation fault" job notices out of the report)
-  { "${CMD[@]}" >"$CASE_DIR/single.out" 2>"$CASE_DIR/single.err" </dev/null; CRC=$?; } 2>/dev/null
+  run_fg "$CASE_DIR/single.out" "$CASE_DIR/single.err"
 }
 
 start_server() {  # PROG ARGS...
@@ -231,9 +255,9 @@ start_server() {  # PROG ARGS...
   SERVER_KILLED=0
 }
 
-run_client() {  # PROG ARGS...: foreground, exit code in CRC
+run_client() {  # PROG ARGS...: exit code in CRC
   build_cmd client "$@"
-  { "${CMD[@]}" >"$CASE_DIR/client.out" 2>"$CASE_DIR/client.err" </dev/null; CRC=$?; } 2>/dev/null
+  run_fg "$CASE_DIR/client.out" "$CASE_DIR/client.err"
 }
 
 in_server_ns() {
@@ -276,9 +300,7 @@ finish_server() {
   fi
   wait "$SPID" 2>/dev/null
   SRC=$?
-  local p kept=()
-  for p in "${LIVE_PIDS[@]}"; do [ "$p" = "$SPID" ] || kept+=("$p"); done
-  LIVE_PIDS=("${kept[@]}")
+  forget_pid "$SPID"
 }
 
 # Runs a client/server pair.  $1 = readiness kind (port | cm); then the
@@ -427,31 +449,13 @@ case_rc_pingpong() {  # $1 = size, $2 = extra flag (-e or empty)
   note "wire $WIRE"
 }
 
-# rping (rdma-core 44) has a known exit race, fixed upstream by rdma-core
-# PR #1622: its CM thread is never joined, so when main destroys the event
-# channel right after the thread handled the final DISCONNECTED event, the
-# thread's next rdma_get_cm_event() fails with EBADF and it calls exit(-1).
-# That exact signature (role's own DISCONNECT line, then EBADF as the last
-# line, status 255) is tolerated and reported; anything else fails.
-rping_exit() {  # ROLE CODE
-  local role=$1 code=$2 err="$CASE_DIR/$1.err" last
-  [ "$code" -eq 0 ] && return 0
-  last=$(grep -v '^softverbs\[' "$err" | tail -n 1)
-  if [ "$code" -eq 255 ] && [ "$last" = "rdma_get_cm_event: Bad file descriptor" ] &&
-     grep -q "^$role DISCONNECT EVENT" "$err"; then
-    note "tolerated rping $role exit race: status 255 after its DISCONNECT event, 'rdma_get_cm_event: Bad file descriptor' (rping bug, rdma-core PR #1622)"
-    return 0
-  fi
-  check_exit "$role" "$code"
-}
-
 case_rping() {  # $1 = size
   need_prog rping || return
   local size=$1 n=$RPING_COUNT
   local common=(-p "$PORT" -v -V -C "$n" -S "$size")
   run_pair cm rping -s -a "$SERVER_ADDR" "${common[@]}" -- rping -c -a "$SERVER_ADDR" "${common[@]}"
-  rping_exit server "$SRC"
-  rping_exit client "$CRC"
+  check_exit server "$SRC"
+  check_exit client "$CRC"
   local got last
   got=$(grep -c '^ping data: rdma-ping-' "$CASE_DIR/client.out")
   [ "$got" -eq "$n" ] || fail "client printed $got 'ping data' lines, expected $n"

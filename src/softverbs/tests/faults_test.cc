@@ -81,11 +81,16 @@ int ScenarioDrop() {
   for (auto& wc : tx) (wc.status == IBV_WC_SUCCESS ? ok : bad)++;
   if (bad == 0) return Fail("some WRs fail once the wire is cut");
   if (tx[4].status != IBV_WC_WR_FLUSH_ERR) return Fail("last flushed");
-  auto rx = PollN(p.b.cq, 8);
-  int flushed = 0;
-  for (auto& wc : rx) flushed += wc.status == IBV_WC_WR_FLUSH_ERR;
-  if (flushed == 0) return Fail("the peer's receives flush");
-  if (QpState(p.b.qp) != IBV_QPS_ERR) return Fail("peer QP in error");
+  // The peer had nothing to send: it finds out on its next send.
+  auto rx = PollN(p.b.cq, 8, 200);
+  for (auto& wc : rx)
+    if (wc.status != IBV_WC_SUCCESS) return Fail("an idle peer's receives stay posted");
+  if (QpState(p.b.qp) != IBV_QPS_RTS) return Fail("an idle peer stays in RTS");
+  PostSend(p.b.qp, IBV_WR_SEND, p.dst, 0, 8, 99);
+  auto bx = PollN(p.b.cq, 1);
+  if (bx.empty() || bx[0].wr_id != 99 || bx[0].status != IBV_WC_RETRY_EXC_ERR)
+    return Fail("the peer's next send fails with retry exceeded");
+  if (QpState(p.b.qp) != IBV_QPS_ERR) return Fail("then the peer is in error");
   printf("ok %d delivered, %d failed\n", ok, bad);
   return 0;
 }

@@ -309,6 +309,24 @@ TEST_F(VerbsTest, ErrorStateFlushesPostedReceives) {
   EXPECT_EQ(rx[0].status, IBV_WC_WR_FLUSH_ERR);
 }
 
+TEST_F(VerbsTest, IdleQpLearnsOfAGonePeerOnItsNextSend) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(a_.pd, 64);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(PostRecv(a_.qp, dst, 0, 64, 10 + i), 0);
+  ASSERT_EQ(ibv_destroy_qp(b_.qp), 0);
+  b_.qp = nullptr;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(PollN(a_.cq, 1, 100).size(), 0u) << "an idle QP's receives stay posted";
+  EXPECT_EQ(QpState(a_.qp), IBV_QPS_RTS);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 1), 0);
+  auto wc = PollN(a_.cq, 4);
+  ASSERT_EQ(wc.size(), 4u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+  for (int i = 1; i < 4; ++i) EXPECT_EQ(wc[i].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(QpState(a_.qp), IBV_QPS_ERR);
+}
+
 TEST_F(VerbsTest, PostingInTheWrongStateIsRefused) {
   Side c = MakeSide(ctx_, QpOptions{});
   Buffer& src = Buf(c.pd, 64);
