@@ -1,0 +1,68 @@
+// File: grpc_rdma/options.h
+//
+// Options: everything that tunes grpc-rdma, with the defaults RDMA-TensorFlow
+// users know. They normally come from the environment (TF_RDMA_* variables,
+// see docs/usage.md), parsed once by grpc_rdma::OptionsFromEnvironment();
+// an application may also fill an Options itself and pass it to
+// grpc_rdma::Install().
+//
+//   grpc_rdma::Options o;            // the defaults
+//   o.chunk_size = 1 << 20;
+#ifndef GRPC_RDMA_OPTIONS_H_
+#define GRPC_RDMA_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace grpc_rdma {
+
+// How the engine waits for completions.
+enum class PollMode {
+  kAdaptive,  // spin for spin_us after activity, then block (no CPU when idle)
+  kBusy,      // always spin: lowest latency, one core per poller
+  kEvent,     // always block on the completion channel
+};
+
+// What a client does when a connection cannot use RDMA.
+enum class Fallback {
+  kTcp,   // use gRPC's TCP for that connection (and remember it for a while)
+  kNone,  // fail the connection (UNAVAILABLE); gRPC retries as usual
+};
+
+struct Options {
+  // TF_RDMA_ENABLED: false leaves gRPC untouched.
+  bool enabled = true;
+  // TF_RDMA_DEV_NAME: the HCA to use. When it was not set explicitly and no
+  // device has this name, the device RDMA CM resolves for the address is
+  // used; an explicitly named device that is absent is an error.
+  std::string device = "mlx5_0";
+  bool device_explicit = false;
+  // TF_RDMA_CHUNK_SIZE, bytes: large payloads are cut into chunks of this
+  // size, several in flight.
+  uint64_t chunk_size = 4ull << 20;
+  // TF_RDMA_ACC_SIZE, bytes: small payloads are coalesced up to this size and
+  // sent eagerly; larger ones go by rendezvous.
+  uint64_t acc_size = 8ull << 10;
+  // TF_RDMA_BUF_SIZE, bytes: the cap of pinned (registered) memory, grown on
+  // demand; running out means waiting, never failing.
+  uint64_t buf_size = 1ull << 30;
+  // TF_RDMA_CHUNKS_IN_FLIGHT: rendezvous chunks in flight per transfer.
+  int chunks_in_flight = 4;
+  // TF_RDMA_EAGER_DEPTH: eager buffers each side posts per connection (the
+  // sender's credits).
+  int eager_depth = 64;
+  // TF_RDMA_POLL_MODE (adaptive | busy | event) and TF_RDMA_SPIN_US.
+  PollMode poll_mode = PollMode::kAdaptive;
+  int spin_us = 50;
+  // TF_RDMA_CONNECT_TIMEOUT_MS: how long a client tries RDMA CM before it
+  // falls back (or fails).
+  int connect_timeout_ms = 1000;
+  // TF_RDMA_FALLBACK (tcp | none) and TF_RDMA_FALLBACK_TTL_S: how long an
+  // address that had no RDMA goes straight to TCP.
+  Fallback fallback = Fallback::kTcp;
+  int fallback_ttl_s = 30;
+};
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_OPTIONS_H_

@@ -1,0 +1,255 @@
+#include "config/config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace grpc_rdma {
+namespace {
+
+constexpr uint64_t kKiB = 1024, kMiB = kKiB * 1024, kGiB = kMiB * 1024, kTiB = kGiB * 1024;
+
+// The allowed ranges; the defaults are in Options (grpc_rdma/options.h).
+constexpr uint64_t kMinChunk = 4 * kKiB, kMaxChunk = kGiB;
+constexpr uint64_t kMinAcc = 64, kMaxAcc = kMiB;
+constexpr uint64_t kMaxBuf = kTiB;
+
+bool ParseSize(const std::string& text, uint64_t* out) {
+  std::string s(absl::StripAsciiWhitespace(text));
+  size_t i = 0;
+  while (i < s.size() && isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 0 || i > 19) return false;
+  uint64_t value = std::strtoull(s.substr(0, i).c_str(), nullptr, 10);
+  std::string unit = absl::AsciiStrToLower(s.substr(i));
+  uint64_t mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kb" || unit == "kib") mult = kKiB;
+  else if (unit == "m" || unit == "mb" || unit == "mib") mult = kMiB;
+  else if (unit == "g" || unit == "gb" || unit == "gib") mult = kGiB;
+  else if (unit == "t" || unit == "tb" || unit == "tib") mult = kTiB;
+  else return false;
+  if (value > std::numeric_limits<uint64_t>::max() / mult) return false;
+  *out = value * mult;
+  return true;
+}
+
+bool ParseInt(const std::string& text, int64_t* out) {
+  std::string s(absl::StripAsciiWhitespace(text));
+  if (s.empty() || s.size() > 18) return false;
+  size_t i = (s[0] == '-') ? 1 : 0;
+  if (i == s.size()) return false;
+  for (size_t k = i; k < s.size(); ++k)
+    if (!isdigit(static_cast<unsigned char>(s[k]))) return false;
+  *out = std::strtoll(s.c_str(), nullptr, 10);
+  return true;
+}
+
+bool ParseBool(const std::string& text, bool* out) {
+  std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (s == "1" || s == "true" || s == "yes" || s == "on") {
+    *out = true;
+    return true;
+  }
+  if (s == "0" || s == "false" || s == "no" || s == "off") {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
+// Collects every problem so the user fixes them all in one go.
+class Parser {
+ public:
+  explicit Parser(const EnvLookup& lookup) : lookup_(lookup) {}
+
+  void Bool(const char* name, bool* field) {
+    auto v = lookup_(name);
+    if (!v) return;
+    if (!ParseBool(*v, field))
+      Bad(name, *v, "expected true or false (also 1/0, yes/no, on/off)");
+  }
+
+  void Size(const char* name, uint64_t min, uint64_t max, uint64_t* field) {
+    auto v = lookup_(name);
+    if (!v) return;
+    uint64_t x = 0;
+    std::string allowed = absl::StrCat("expected a size in bytes from ", FormatBytes(min), " to ",
+                                       FormatBytes(max),
+                                       ", as a whole number optionally followed by K, M or G "
+                                       "(powers of 1024), e.g. ",
+                                       *field, " or ", FormatBytes(*field));
+    if (!ParseSize(*v, &x) || x < min || x > max) {
+      Bad(name, *v, allowed);
+      return;
+    }
+    *field = x;
+  }
+
+  void Int(const char* name, int64_t min, int64_t max, int* field, const char* unit) {
+    auto v = lookup_(name);
+    if (!v) return;
+    int64_t x = 0;
+    if (!ParseInt(*v, &x) || x < min || x > max) {
+      Bad(name, *v, absl::StrCat("expected a whole number of ", unit, " from ", min, " to ", max));
+      return;
+    }
+    *field = static_cast<int>(x);
+  }
+
+  template <typename E>
+  void Enum(const char* name, const std::vector<std::pair<const char*, E>>& values, E* field) {
+    auto v = lookup_(name);
+    if (!v) return;
+    std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(*v));
+    std::vector<std::string> names;
+    for (const auto& [n, e] : values) {
+      if (s == n) {
+        *field = e;
+        return;
+      }
+      names.push_back(n);
+    }
+    Bad(name, *v, absl::StrCat("expected one of ", absl::StrJoin(names, ", ")));
+  }
+
+  void Device(const char* name, Options* o) {
+    auto v = lookup_(name);
+    if (!v) return;
+    std::string s(absl::StripAsciiWhitespace(*v));
+    bool ok = !s.empty() && s.size() < 64;
+    for (char c : s) ok &= isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+    if (!ok) {
+      Bad(name, *v, "expected an RDMA device name such as mlx5_0 (as ibv_devices lists them)");
+      return;
+    }
+    o->device = s;
+    o->device_explicit = true;
+  }
+
+  void Add(std::string problem) { problems_.push_back(std::move(problem)); }
+
+  absl::Status Result() const {
+    if (problems_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(problems_, "; "));
+  }
+
+ private:
+  void Bad(const char* name, const std::string& value, const std::string& allowed) {
+    problems_.push_back(absl::StrCat(name, "='", value, "' is not valid: ", allowed));
+  }
+
+  const EnvLookup& lookup_;
+  std::vector<std::string> problems_;
+};
+
+void Relations(const Options& o, Parser* p) {
+  if (o.acc_size > o.chunk_size) {
+    p->Add(absl::StrCat("TF_RDMA_ACC_SIZE (", FormatBytes(o.acc_size),
+                        ") is larger than TF_RDMA_CHUNK_SIZE (", FormatBytes(o.chunk_size),
+                        "): small payloads are coalesced up to ACC_SIZE and large ones cut into "
+                        "CHUNK_SIZE pieces, so ACC_SIZE must not exceed CHUNK_SIZE"));
+  }
+  uint64_t need = static_cast<uint64_t>(o.chunks_in_flight) * o.chunk_size +
+                  2ull * static_cast<uint64_t>(o.eager_depth) * o.acc_size;
+  if (o.buf_size < need) {
+    p->Add(absl::StrCat("TF_RDMA_BUF_SIZE (", FormatBytes(o.buf_size),
+                        ") is too small: one connection needs ", FormatBytes(need), " (",
+                        o.chunks_in_flight, " chunks in flight x TF_RDMA_CHUNK_SIZE ",
+                        FormatBytes(o.chunk_size), " + 2 x ", o.eager_depth,
+                        " eager buffers x TF_RDMA_ACC_SIZE ", FormatBytes(o.acc_size),
+                        "); raise it or lower the others"));
+  }
+}
+
+}  // namespace
+
+EnvLookup ProcessEnvironment() {
+  return [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
+  Options o;
+  Parser p(lookup);
+  p.Bool("TF_RDMA_ENABLED", &o.enabled);
+  p.Device("TF_RDMA_DEV_NAME", &o);
+  p.Size("TF_RDMA_CHUNK_SIZE", kMinChunk, kMaxChunk, &o.chunk_size);
+  p.Size("TF_RDMA_ACC_SIZE", kMinAcc, kMaxAcc, &o.acc_size);
+  p.Size("TF_RDMA_BUF_SIZE", 1, kMaxBuf, &o.buf_size);
+  p.Int("TF_RDMA_CHUNKS_IN_FLIGHT", 1, 64, &o.chunks_in_flight, "chunks");
+  p.Int("TF_RDMA_EAGER_DEPTH", 2, 4096, &o.eager_depth, "buffers");
+  p.Enum<PollMode>("TF_RDMA_POLL_MODE",
+                   {{"adaptive", PollMode::kAdaptive},
+                    {"busy", PollMode::kBusy},
+                    {"event", PollMode::kEvent}},
+                   &o.poll_mode);
+  p.Int("TF_RDMA_SPIN_US", 0, 1000000, &o.spin_us, "microseconds");
+  p.Int("TF_RDMA_CONNECT_TIMEOUT_MS", 1, 600000, &o.connect_timeout_ms, "milliseconds");
+  p.Enum<Fallback>("TF_RDMA_FALLBACK", {{"tcp", Fallback::kTcp}, {"none", Fallback::kNone}},
+                   &o.fallback);
+  p.Int("TF_RDMA_FALLBACK_TTL_S", 0, 86400, &o.fallback_ttl_s, "seconds");
+  absl::Status s = p.Result();
+  if (!s.ok()) return s;  // relations between bad values would only add noise
+  Relations(o, &p);
+  s = p.Result();
+  if (!s.ok()) return s;
+  return o;
+}
+
+absl::StatusOr<Options> OptionsFromEnvironment() { return ParseOptions(ProcessEnvironment()); }
+
+absl::Status ValidateOptions(const Options& o) {
+  Parser p([](const char*) { return std::optional<std::string>(); });
+  auto range = [&](const char* what, uint64_t v, uint64_t lo, uint64_t hi) {
+    if (v < lo || v > hi)
+      p.Add(absl::StrCat(what, " is ", v, ": allowed from ", lo, " to ", hi));
+  };
+  range("chunk_size", o.chunk_size, kMinChunk, kMaxChunk);
+  range("acc_size", o.acc_size, kMinAcc, kMaxAcc);
+  range("buf_size", o.buf_size, 1, kMaxBuf);
+  range("chunks_in_flight", static_cast<uint64_t>(o.chunks_in_flight), 1, 64);
+  range("eager_depth", static_cast<uint64_t>(o.eager_depth), 2, 4096);
+  range("spin_us", static_cast<uint64_t>(o.spin_us), 0, 1000000);
+  range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
+  range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
+  absl::Status s = p.Result();
+  if (!s.ok()) return s;
+  Relations(o, &p);
+  return p.Result();
+}
+
+std::string FormatBytes(uint64_t b) {
+  struct Unit {
+    uint64_t size;
+    const char* name;
+  };
+  for (Unit u : {Unit{kTiB, "TiB"}, Unit{kGiB, "GiB"}, Unit{kMiB, "MiB"}, Unit{kKiB, "KiB"}}) {
+    if (b >= u.size && b % u.size == 0) return absl::StrCat(b / u.size, " ", u.name);
+  }
+  return absl::StrCat(b, " B");
+}
+
+std::string DescribeOptions(const Options& o) {
+  const char* poll = o.poll_mode == PollMode::kBusy    ? "busy"
+                     : o.poll_mode == PollMode::kEvent ? "event"
+                                                       : "adaptive";
+  return absl::StrCat("enabled=", o.enabled ? "true" : "false", " device=", o.device,
+                      o.device_explicit ? "" : " (default)", " chunk_size=",
+                      FormatBytes(o.chunk_size), " acc_size=", FormatBytes(o.acc_size),
+                      " buf_size=", FormatBytes(o.buf_size),
+                      " chunks_in_flight=", o.chunks_in_flight, " eager_depth=", o.eager_depth,
+                      " poll_mode=", poll, " spin_us=", o.spin_us,
+                      " connect_timeout_ms=", o.connect_timeout_ms,
+                      " fallback=", o.fallback == Fallback::kTcp ? "tcp" : "none",
+                      " fallback_ttl_s=", o.fallback_ttl_s);
+}
+
+}  // namespace grpc_rdma

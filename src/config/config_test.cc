@@ -1,0 +1,128 @@
+#include "config/config.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace grpc_rdma {
+namespace {
+
+EnvLookup Env(std::map<std::string, std::string> vars) {
+  return [vars](const char* name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+// The message of a failed parse, or "" when it parsed.
+std::string Error(std::map<std::string, std::string> vars) {
+  auto o = ParseOptions(Env(std::move(vars)));
+  return o.ok() ? "" : std::string(o.status().message());
+}
+
+TEST(Options, DefaultsAreRdmaTensorFlows) {
+  auto o = ParseOptions(Env({}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->enabled);
+  EXPECT_EQ(o->device, "mlx5_0");
+  EXPECT_FALSE(o->device_explicit);
+  EXPECT_EQ(o->chunk_size, 4194304u);
+  EXPECT_EQ(o->acc_size, 8192u);
+  EXPECT_EQ(o->buf_size, 1073741824u);
+  EXPECT_EQ(o->poll_mode, PollMode::kAdaptive);
+  EXPECT_EQ(o->fallback, Fallback::kTcp);
+}
+
+TEST(Options, ValuesUsersAlreadyUse) {
+  auto o = ParseOptions(Env({{"TF_RDMA_BUF_SIZE", "10737418240"},
+                             {"TF_RDMA_CHUNK_SIZE", "1048576"},
+                             {"TF_RDMA_ACC_SIZE", "16384"},
+                             {"TF_RDMA_DEV_NAME", "mlx5_1"},
+                             {"TF_RDMA_ENABLED", "false"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->buf_size, 10737418240u);
+  EXPECT_EQ(o->chunk_size, 1048576u);
+  EXPECT_EQ(o->acc_size, 16384u);
+  EXPECT_EQ(o->device, "mlx5_1");
+  EXPECT_TRUE(o->device_explicit);
+  EXPECT_FALSE(o->enabled);
+}
+
+TEST(Options, SizeSuffixesAndSpellings) {
+  auto o = ParseOptions(Env({{"TF_RDMA_BUF_SIZE", "2G"},
+                             {"TF_RDMA_CHUNK_SIZE", "512KiB"},
+                             {"TF_RDMA_ACC_SIZE", " 4k "},
+                             {"TF_RDMA_ENABLED", "YES"},
+                             {"TF_RDMA_POLL_MODE", "Busy"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->buf_size, 2ull << 30);
+  EXPECT_EQ(o->chunk_size, 512u << 10);
+  EXPECT_EQ(o->acc_size, 4096u);
+  EXPECT_TRUE(o->enabled);
+  EXPECT_EQ(o->poll_mode, PollMode::kBusy);
+}
+
+TEST(Options, BadValuesNameTheVariableTheValueAndWhatIsAllowed) {
+  std::string e = Error({{"TF_RDMA_CHUNK_SIZE", "abc"}});
+  EXPECT_NE(e.find("TF_RDMA_CHUNK_SIZE='abc' is not valid"), std::string::npos) << e;
+  EXPECT_NE(e.find("from 4 KiB to 1 GiB"), std::string::npos) << e;
+
+  e = Error({{"TF_RDMA_ACC_SIZE", "-5"}});
+  EXPECT_NE(e.find("TF_RDMA_ACC_SIZE='-5'"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_ACC_SIZE", "0"}});
+  EXPECT_NE(e.find("TF_RDMA_ACC_SIZE='0'"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_BUF_SIZE", "99999999999999999999999"}});
+  EXPECT_NE(e.find("TF_RDMA_BUF_SIZE="), std::string::npos) << e;
+  e = Error({{"TF_RDMA_BUF_SIZE", "2T"}});
+  EXPECT_NE(e.find("to 1 TiB"), std::string::npos) << "absurd sizes: " << e;
+  e = Error({{"TF_RDMA_CHUNK_SIZE", "4M4"}});
+  EXPECT_NE(e.find("TF_RDMA_CHUNK_SIZE='4M4'"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_ENABLED", "maybe"}});
+  EXPECT_NE(e.find("expected true or false"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_POLL_MODE", "fast"}});
+  EXPECT_NE(e.find("expected one of adaptive, busy, event"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_DEV_NAME", "mlx5 0"}});
+  EXPECT_NE(e.find("TF_RDMA_DEV_NAME='mlx5 0'"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_CONNECT_TIMEOUT_MS", "0"}});
+  EXPECT_NE(e.find("from 1 to 600000"), std::string::npos) << e;
+}
+
+TEST(Options, EveryBadVariableIsReported) {
+  std::string e = Error({{"TF_RDMA_CHUNK_SIZE", "x"}, {"TF_RDMA_SPIN_US", "y"}});
+  EXPECT_NE(e.find("TF_RDMA_CHUNK_SIZE"), std::string::npos) << e;
+  EXPECT_NE(e.find("TF_RDMA_SPIN_US"), std::string::npos) << e;
+}
+
+TEST(Options, AccSizeAboveChunkSizeIsRejected) {
+  std::string e = Error({{"TF_RDMA_ACC_SIZE", "65536"}, {"TF_RDMA_CHUNK_SIZE", "32768"}});
+  EXPECT_NE(e.find("TF_RDMA_ACC_SIZE (64 KiB) is larger than TF_RDMA_CHUNK_SIZE (32 KiB)"),
+            std::string::npos)
+      << e;
+}
+
+TEST(Options, BufSizeMustHoldTheChunksInFlight) {
+  std::string e = Error({{"TF_RDMA_BUF_SIZE", "8M"}});
+  EXPECT_NE(e.find("TF_RDMA_BUF_SIZE (8 MiB) is too small"), std::string::npos) << e;
+  EXPECT_NE(e.find("17 MiB"), std::string::npos) << "4 x 4 MiB + 2 x 64 x 8 KiB: " << e;
+  EXPECT_EQ(Error({{"TF_RDMA_BUF_SIZE", "17M"}}), "");
+}
+
+TEST(Options, ValidateCatchesWhatAnApplicationFilledIn) {
+  Options o;
+  EXPECT_TRUE(ValidateOptions(o).ok());
+  o.acc_size = o.chunk_size * 2;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+  o = Options{};
+  o.chunks_in_flight = 0;
+  EXPECT_FALSE(ValidateOptions(o).ok());
+}
+
+TEST(Options, Describe) {
+  std::string d = DescribeOptions(Options{});
+  EXPECT_NE(d.find("chunk_size=4 MiB acc_size=8 KiB buf_size=1 GiB"), std::string::npos) << d;
+  EXPECT_EQ(FormatBytes(1000), "1000 B");
+}
+
+}  // namespace
+}  // namespace grpc_rdma
