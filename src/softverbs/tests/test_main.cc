@@ -30,5 +30,9 @@ int main(int argc, char** argv) {
     return 100;
   }
   ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    // Before any verbs call: softverbs reads its environment once.
+    if (strcmp(argv[i], "--softverbs-shm=0") == 0) setenv("SOFTVERBS_SHM", "0", 1);
+  }
   return RUN_ALL_TESTS();
 }

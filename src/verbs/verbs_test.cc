@@ -1,0 +1,131 @@
+// src/verbs over softverbs (the test runs with softverbs first on the
+// library path and SOFTVERBS_DEVICES=mlx5_0:127.0.0.1,mlx5_1:<lo alias>).
+#include "verbs/verbs.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+#include "verbs/status.h"
+
+namespace grpc_rdma {
+namespace {
+
+TEST(Status, NamesTheCallAndTheObjectForEitherSign) {
+  absl::Status a = ErrnoStatus(EINVAL, "ibv_modify_qp(RTR)", QpName(0x1a2));
+  EXPECT_EQ(a.message(), "ibv_modify_qp(RTR) qpn=0x1a2: Invalid argument");
+  EXPECT_EQ(a.code(), absl::StatusCode::kInvalidArgument);
+  absl::Status b = CheckRet(-ENOMEM, "ibv_post_send", QpName(7));
+  EXPECT_EQ(b.message(), "ibv_post_send qpn=0x7: Cannot allocate memory");
+  EXPECT_EQ(b.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(CheckRet(0, "x").ok());
+  errno = 0;
+  EXPECT_EQ(CheckErrno(true, "ibv_reg_mr").message(), "ibv_reg_mr: Input/output error")
+      << "a provider that forgets errno still yields an error";
+  errno = ECONNREFUSED;
+  EXPECT_EQ(CheckErrno(true, "rdma_connect").code(), absl::StatusCode::kUnavailable);
+}
+
+absl::Status Fails() { return absl::InternalError("boom"); }
+absl::StatusOr<int> Seven() { return 7; }
+absl::StatusOr<int> NoInt() { return absl::NotFoundError("none"); }
+
+absl::Status UseMacros(int* out, bool fail_first, bool fail_second) {
+  if (fail_first) RETURN_IF_ERROR(Fails());
+  ASSIGN_OR_RETURN(int v, fail_second ? NoInt() : Seven());
+  *out = v;
+  return absl::OkStatus();
+}
+
+TEST(Status, Macros) {
+  int v = 0;
+  EXPECT_EQ(UseMacros(&v, true, false).message(), "boom");
+  EXPECT_EQ(UseMacros(&v, false, true).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(UseMacros(&v, false, false).ok());
+  EXPECT_EQ(v, 7);
+}
+
+TEST(Device, NamedDefaultExplicitAndAbsent) {
+  Options o;  // mlx5_0, not explicit
+  auto d = ChooseDevice(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_TRUE(d->has_value());
+  EXPECT_EQ(**d, "mlx5_0");
+
+  o.device = "mlx5_9";
+  o.device_explicit = true;
+  d = ChooseDevice(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(d.status().message().find("TF_RDMA_DEV_NAME=mlx5_9: no such RDMA device"),
+            std::string::npos);
+  EXPECT_NE(d.status().message().find("mlx5_0"), std::string::npos) << "lists what exists";
+
+  o.device_explicit = false;  // the default name absent: let RDMA CM choose
+  d = ChooseDevice(o);
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->has_value());
+}
+
+TEST(Owners, CreateInOrderReleaseInReverse) {
+  auto ch = CreateEventChannel();
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  auto id = CreateCmId(ch->get(), nullptr);
+  ASSERT_TRUE(id.ok()) << id.status();
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(40999);
+  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  ASSERT_EQ(rdma_resolve_addr(id->get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 1000), 0);
+  rdma_cm_event* e = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(ch->get(), &e), 0);
+  EXPECT_EQ(e->event, RDMA_CM_EVENT_ADDR_RESOLVED);
+  rdma_ack_cm_event(e);
+  ibv_context* ctx = (*id)->verbs;
+  ASSERT_NE(ctx, nullptr);
+  {
+    auto pd = AllocPd(ctx);
+    ASSERT_TRUE(pd.ok()) << pd.status();
+    auto cch = CreateCompChannel(ctx);
+    ASSERT_TRUE(cch.ok()) << cch.status();
+    auto cq = CreateCq(ctx, 64, nullptr, cch->get());
+    ASSERT_TRUE(cq.ok()) << cq.status();
+    std::vector<char> buf(4096);
+    auto mr = RegMr(pd->get(), buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE);
+    ASSERT_TRUE(mr.ok()) << mr.status();
+    ibv_qp_init_attr a{};
+    a.send_cq = a.recv_cq = cq->get();
+    a.cap.max_send_wr = a.cap.max_recv_wr = 8;
+    a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+    auto qp = CreateQp(id->get(), pd->get(), a);
+    ASSERT_TRUE(qp.ok()) << qp.status();
+    EXPECT_NE((*qp)->qp_num, 0u);
+    Qp moved = std::move(*qp);
+    EXPECT_FALSE(*qp);
+    EXPECT_TRUE(moved);
+    // Scope end: QP, MR, CQ, channel, PD, in that order.
+  }
+  ibv_pd* raw = nullptr;
+  {
+    auto pd = AllocPd(ctx);
+    ASSERT_TRUE(pd.ok());
+    raw = pd->get();
+    Pd again = std::move(*pd);
+    EXPECT_EQ(again.get(), raw);
+  }
+}
+
+TEST(Owners, ErrorsNameTheCall) {
+  auto ch = CreateEventChannel();
+  ASSERT_TRUE(ch.ok());
+  auto id = CreateCmId(ch->get(), nullptr);
+  ASSERT_TRUE(id.ok());
+  ibv_qp_init_attr a{};
+  auto qp = CreateQp(id->get(), nullptr, a);  // no device bound yet
+  ASSERT_FALSE(qp.ok());
+  EXPECT_NE(qp.status().message().find("rdma_create_qp"), std::string::npos) << qp.status();
+}
+
+}  // namespace
+}  // namespace grpc_rdma
