@@ -199,6 +199,7 @@ void Runtime::Unwatch(int fd) {
   if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
   auto it = tags_.find(fd);
   if (it != tags_.end()) {
+    it->second->dead = true;
     retired_now_.push_back(it->second);
     tags_.erase(it);
   }
@@ -217,6 +218,17 @@ bool Runtime::ProgressLocked() {
   for (size_t i = 0; i < links.size(); ++i) did |= ProgressLinkLocked(links[i]);
   for (auto& [qpn, qp] : qps) QpTimersLocked(qp, now);
   CmTimersLocked(now);
+  // Handshakes that never finish (a port scanner, a peer that hung): the
+  // CM's own connection attempts are timed by the CM, with its events.
+  for (size_t i = 0; i < links.size(); ++i) {
+    Link* l = links[i];
+    if (l->deadline_us != 0 && now > l->deadline_us &&
+        (l->state == LinkState::kConnecting || l->state == LinkState::kHandshake) &&
+        (l->cm == nullptr || l->cm_listener_side)) {
+      Trace("link %s: handshake timed out", l->peer_desc.c_str());
+      LinkKill(l);
+    }
+  }
   // Reap dead links nobody refers to.
   for (size_t i = 0; i < links.size();) {
     Link* l = links[i];
@@ -278,6 +290,7 @@ void Runtime::AgentMain() {
     bool did = false;
     for (int i = 0; i < n; ++i) {
       auto* tag = static_cast<EpollTag*>(evs[i].data.ptr);
+      if (tag->dead) continue;
       switch (tag->kind) {
         case EpollTag::kWake: {
           uint64_t v;
@@ -307,10 +320,21 @@ void Runtime::AgentMain() {
 
 // ------------------------------------------------------------ handshakes ---
 
-int ConnectNonBlocking(in_addr addr, uint16_t port) {
+int ConnectNonBlocking(in_addr addr, uint16_t port, in_addr from) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   SetNoDelay(fd);
+  if (from.s_addr != 0) {
+    sockaddr_in b{};
+    b.sin_family = AF_INET;
+    b.sin_addr = from;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof(b)) != 0) {
+      int e = errno;
+      close(fd);
+      errno = e;
+      return -1;
+    }
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr = addr;
@@ -404,7 +428,11 @@ void AcceptHello(Link* l, const std::string& body) {
   auto it = rt.qps.find(h.dst_qpn);
   Qp* qp = it == rt.qps.end() ? nullptr : it->second;
   HelloAckMsg ack{};
-  if (qp == nullptr || qp->cm_managed || qp->dest_qpn != h.src_qpn ||
+  sockaddr_in from{};
+  socklen_t len = sizeof(from);
+  bool from_peer = getpeername(l->fd, reinterpret_cast<sockaddr*>(&from), &len) == 0 &&
+                   qp != nullptr && from.sin_addr.s_addr == qp->peer_addr.s_addr;
+  if (qp == nullptr || !from_peer || qp->cm_managed || qp->dest_qpn != h.src_qpn ||
       (qp->qp.state != IBV_QPS_RTR && qp->qp.state != IBV_QPS_RTS) ||
       (qp->link != nullptr && qp->link->state != LinkState::kDead)) {
     Trace("hello for qpn 0x%x from 0x%x refused", h.dst_qpn, h.src_qpn);
@@ -470,7 +498,9 @@ void InitiatorHelloAck(Link* l, const std::string& body) {
 // lower address/QPN) to its peer's QP listener.
 void QpTryConnectLocked(Qp* qp) {
   uint16_t port = static_cast<uint16_t>(qp->dest_qpn >> 8);
-  int fd = ConnectNonBlocking(qp->peer_addr, port);
+  // From our device's address: the peer checks that this is who its QP
+  // was told to expect.
+  int fd = ConnectNonBlocking(qp->peer_addr, port, qp->device->spec.addr);
   if (fd < 0) {
     qp->next_connect_us = NowUs() + 2000;
     return;

@@ -491,12 +491,6 @@ void OnTimers(uint64_t now) {
       PushEvent(id, RDMA_CM_EVENT_UNREACHABLE, -ETIMEDOUT);
     }
   }
-  for (Link* l : Rt().links) {
-    if (l->deadline_us != 0 && now > l->deadline_us && l->state != LinkState::kUp &&
-        l->state != LinkState::kDead && l->cm_listener_side) {
-      LinkKill(l);  // a connection that never sent its request
-    }
-  }
 }
 
 __attribute__((constructor)) void InstallHooks() {

@@ -188,6 +188,12 @@ struct Link {
   size_t shm_size = 0;
   ShmRing* tx = nullptr;
   ShmRing* rx = nullptr;
+  // The rings' geometry, validated once and kept here: the peer can write
+  // the segment, so nothing but head and tail is ever read back from it.
+  char* tx_data = nullptr;
+  char* rx_data = nullptr;
+  uint64_t ring_size = 0;
+  bool ring_corrupt = false;
   std::string shm_name;  // set while we own the name (initiator, pre-ack)
   uint64_t shm_nonce = 0;
   // outbound
@@ -258,6 +264,9 @@ struct EpollTag {
   enum Kind { kWake, kQpListener, kLink, kCmListener } kind;
   void* obj;
   int fd;
+  // Set by Unwatch (under Runtime::mu): an event still in the agent's batch
+  // must not reach obj, which may be gone.
+  bool dead = false;
 };
 
 class Runtime {
@@ -354,7 +363,8 @@ bool LinkHasRxData(Link* l);
 // Handshake messages (sv_agent.cc).
 void HandleLinkEvent(Link* l, uint32_t events);
 void HandleQpListener(int fd);
-int ConnectNonBlocking(in_addr addr, uint16_t port);
+// Connects from `from` (any address when INADDR_ANY) to addr:port.
+int ConnectNonBlocking(in_addr addr, uint16_t port, in_addr from = in_addr{0});
 bool CtlFlush(Link* l);
 
 // CM hooks: librdmacm.so.1 (sv_cm.cc) installs them when it loads; without

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,24 +44,32 @@ struct ShmSeg {
 };
 static_assert(sizeof(ShmSeg) <= kShmHeader, "header page");
 
-char* RingData(Link* l, ShmRing* r) { return static_cast<char*>(l->shm) + r->data_off; }
-
 // Both ends publish their position every kStep bytes, so that while one
 // side copies a large payload in, the other is already copying it out (and
 // freeing space) instead of waiting for the whole copy.
 constexpr size_t kStep = 128 * 1024;
 
+// head - tail must stay within [0, size]; anything else is a peer that
+// scribbled on the segment, and the link is cut.
+bool Sane(Link* l, uint64_t head, uint64_t tail) {
+  if (head - tail <= l->ring_size) return true;
+  l->ring_corrupt = true;
+  return false;
+}
+
 size_t RingWrite(Link* l, const char* src, size_t n) {
   ShmRing* r = l->tx;
-  char* data = RingData(l, r);
+  char* data = l->tx_data;
+  const uint64_t size = l->ring_size;
   uint64_t head = r->head.load(std::memory_order_relaxed);
   size_t done = 0;
   while (done < n) {
     uint64_t tail = r->tail.load(std::memory_order_acquire);
-    size_t w = std::min<uint64_t>({n - done, r->size - (head - tail), kStep});
+    if (!Sane(l, head, tail)) break;
+    size_t w = std::min<uint64_t>({n - done, size - (head - tail), kStep});
     if (w == 0) break;
-    size_t at = head & (r->size - 1);
-    size_t first = std::min(w, r->size - at);
+    size_t at = head & (size - 1);
+    size_t first = std::min<uint64_t>(w, size - at);
     memcpy(data + at, src + done, first);
     if (w > first) memcpy(data, src + done + first, w - first);
     head += w;
@@ -72,16 +81,18 @@ size_t RingWrite(Link* l, const char* src, size_t n) {
 
 size_t RingRead(Link* l, char* dst, size_t n) {
   ShmRing* r = l->rx;
-  const char* data = RingData(l, r);
+  const char* data = l->rx_data;
+  const uint64_t size = l->ring_size;
   uint64_t tail = r->tail.load(std::memory_order_relaxed);
   size_t done = 0;
   while (done < n) {
     uint64_t head = r->head.load(std::memory_order_acquire);
+    if (!Sane(l, head, tail)) break;
     size_t got = std::min<uint64_t>({n - done, head - tail, kStep});
     if (got == 0) break;
     if (dst != nullptr) {
-      size_t at = tail & (r->size - 1);
-      size_t first = std::min(got, r->size - at);
+      size_t at = tail & (size - 1);
+      size_t first = std::min<uint64_t>(got, size - at);
       memcpy(dst + done, data + at, first);
       if (got > first) memcpy(dst + done + first, data, got - first);
     }
@@ -95,7 +106,14 @@ size_t RingRead(Link* l, char* dst, size_t n) {
 // Reads up to n bytes of the inbound stream; dst == nullptr discards.
 // Returns the count, or -1 when the link is gone.
 ssize_t LinkRead(Link* l, char* dst, size_t n) {
-  if (l->shm != nullptr) return static_cast<ssize_t>(RingRead(l, dst, n));
+  if (l->shm != nullptr) {
+    size_t got = RingRead(l, dst, n);
+    if (l->ring_corrupt) {
+      Warn("link %s: the peer corrupted the shared ring; closing", l->peer_desc.c_str());
+      return -1;
+    }
+    return static_cast<ssize_t>(got);
+  }
   static thread_local char scratch[65536];
   char* to = dst != nullptr ? dst : scratch;
   size_t want = dst != nullptr ? n : std::min(n, sizeof(scratch));
@@ -138,7 +156,11 @@ bool LinkSetupShmInitiator(Link* l) {
   }
   size_t size = kShmHeader + 2 * c.ring_bytes;
   void* p = nullptr;
-  if (ftruncate(fd, static_cast<off_t>(size)) == 0) p = MapSegment(fd, size);
+  // Reserve the pages now: a sparse segment on a full /dev/shm would kill
+  // the process with SIGBUS mid-transfer instead of falling back to TCP.
+  int err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  if (err == 0) p = MapSegment(fd, size);
+  else Trace("shm: cannot reserve %zu bytes in /dev/shm (%s); using TCP", size, strerror(err));
   close(fd);
   if (p == nullptr) {
     shm_unlink(name);
@@ -166,14 +188,24 @@ bool LinkSetupShmInitiator(Link* l) {
 }
 
 bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce) {
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  // Only a segment softverbs made for us: our name prefix, a regular file of
+  // our own user that nobody else can open. Anything else is left alone
+  // (not even unlinked) and the link uses TCP.
+  if (name.rfind("/softverbs-", 0) != 0 || name.find('/', 1) != std::string::npos) return false;
+  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
   if (fd < 0) return false;
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 077) != 0) {
+    close(fd);
+    return false;
+  }
   void* p = nullptr;
-  off_t size = lseek(fd, 0, SEEK_END);
+  off_t size = st.st_size;
   if (size > static_cast<off_t>(kShmHeader)) p = MapSegment(fd, static_cast<size_t>(size));
   close(fd);
-  shm_unlink(name.c_str());
   if (p == nullptr) return false;
+  shm_unlink(name.c_str());
   auto* seg = static_cast<ShmSeg*>(p);
   if (seg->magic != kShmMagic || seg->nonce != nonce ||
       kShmHeader + 2 * seg->ring_bytes != static_cast<uint64_t>(size) ||
@@ -188,6 +220,9 @@ bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce) {
   l->shm_size = static_cast<size_t>(size);
   l->tx = &seg->ring[1];
   l->rx = &seg->ring[0];
+  l->ring_size = seg->ring_bytes;
+  l->rx_data = static_cast<char*>(p) + kShmHeader;
+  l->tx_data = static_cast<char*>(p) + kShmHeader + seg->ring_bytes;
   return true;
 }
 
@@ -202,9 +237,13 @@ void LinkShmConfirmed(Link* l, bool ok) {
     l->shm = nullptr;
     return;
   }
+  // Our own geometry, from our config: never what the segment says now.
   auto* seg = static_cast<ShmSeg*>(l->shm);
   l->tx = &seg->ring[0];
   l->rx = &seg->ring[1];
+  l->ring_size = GetConfig().ring_bytes;
+  l->tx_data = static_cast<char*>(l->shm) + kShmHeader;
+  l->rx_data = static_cast<char*>(l->shm) + kShmHeader + l->ring_size;
 }
 
 void LinkDoorbell(Link* l) {
@@ -288,7 +327,7 @@ size_t PumpShm(Link* l) {
     // case it drained the ring before it could see the flag.
     l->tx->producer_waiting.store(1, std::memory_order_seq_cst);
     uint64_t used = l->tx->head.load() - l->tx->tail.load(std::memory_order_seq_cst);
-    if (used == l->tx->size) break;
+    if (used >= l->ring_size) break;
   }
   return total;
 }
@@ -299,6 +338,11 @@ bool LinkPump(Link* l) {
   if (l->state != LinkState::kUp || l->out.empty()) return false;
   if (l->shm != nullptr) {
     size_t w = PumpShm(l);
+    if (l->ring_corrupt) {
+      Warn("link %s: the peer corrupted the shared ring; closing", l->peer_desc.c_str());
+      LinkKill(l);
+      return true;
+    }
     if (w > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
       if (l->tx->consumer_idle.load(std::memory_order_relaxed) &&

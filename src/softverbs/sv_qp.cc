@@ -13,6 +13,8 @@ namespace {
 
 Runtime& Rt() { return Runtime::Get(); }
 
+constexpr size_t kMaxQueuedFrames = 4096;
+
 ibv_wc_opcode WcOpcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_SEND:
@@ -194,7 +196,9 @@ void QueueFramesLocked(Qp* qp) {
 
 // Completes, in order, every WR the peer has acknowledged up to seq.
 void AckUpTo(Qp* qp, uint64_t seq) {
-  while (!qp->sq.empty() && qp->sq.front().queued && qp->sq.front().seq <= seq) {
+  // A READ completes with its response only, never with an ACK.
+  while (!qp->sq.empty() && qp->sq.front().queued && qp->sq.front().seq <= seq &&
+         qp->sq.front().opcode != IBV_WR_RDMA_READ) {
     CompleteSend(qp, qp->sq.front(), IBV_WC_SUCCESS, false);
     qp->sq.pop_front();
   }
@@ -255,8 +259,20 @@ bool QpHandleFrameBegin(Link* l) {
     return true;
   }
   bool responder_frame = h.type == kFrameSend || h.type == kFrameWrite || h.type == kFrameReadReq;
+  if (responder_frame && l->out.size() > kMaxQueuedFrames) {
+    // A peer that keeps asking (reads, empty writes) while never draining
+    // what we send back would grow our queue without end.
+    ProtocolError(l, "too many requests queued without reading the replies");
+    return true;
+  }
   if (responder_frame &&
       (l->rx_dead || (qp->qp.state != IBV_QPS_RTR && qp->qp.state != IBV_QPS_RTS))) {
+    if (!l->rx_dead) {
+      // Hardware's requester would time out (retry exceeded) against a
+      // responder in error; say so now instead of leaving it waiting.
+      SendNak(l, h.seq, IBV_WC_RETRY_EXC_ERR);
+      l->rx_dead = true;
+    }
     l->in_discard = true;
     return true;
   }
@@ -332,8 +348,9 @@ bool QpHandleFrameBegin(Link* l) {
       return true;
     }
     case kFrameReadResp: {
-      if (qp->sq.empty() || qp->sq.front().opcode == IBV_WR_RDMA_READ) {
-        // fallthrough to the checks below
+      if (h.seq == 0 || h.seq >= qp->next_seq) {
+        ProtocolError(l, "read response for a request never sent");
+        return true;
       }
       AckUpTo(qp, h.seq - 1);
       if (qp->sq.empty() || !qp->sq.front().queued || qp->sq.front().seq != h.seq ||
@@ -392,12 +409,25 @@ void QpHandleFrameEnd(Link* l) {
     case kFrameReadReq:
       return;
     case kFrameReadResp:
-      if (!l->in_discard && !qp->sq.empty()) AckUpTo(qp, h.seq);
+      if (!l->in_discard && !qp->sq.empty() && qp->sq.front().seq == h.seq &&
+          qp->sq.front().opcode == IBV_WR_RDMA_READ) {
+        CompleteSend(qp, qp->sq.front(), IBV_WC_SUCCESS, false);
+        qp->sq.pop_front();
+        AckUpTo(qp, h.seq);
+      }
       return;
     case kFrameAck:
+      if (h.seq >= qp->next_seq) {
+        ProtocolError(l, "ACK for a request never sent");
+        return;
+      }
       if (qp->qp.state != IBV_QPS_ERR) AckUpTo(qp, h.seq);
       return;
     case kFrameNak:
+      if (h.seq == 0 || h.seq >= qp->next_seq) {
+        ProtocolError(l, "NAK for a request never sent");
+        return;
+      }
       if (qp->qp.state == IBV_QPS_ERR) return;
       AckUpTo(qp, h.seq - 1);
       if (qp->sq.empty() || qp->sq.front().seq != h.seq) {
@@ -431,10 +461,13 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
     if (l->in_has_recv) {
       CompleteRecv(qp, l->in_recv, IBV_WC_WR_FLUSH_ERR, nullptr);
       l->in_has_recv = false;
-      if (!l->in_discard && l->in_payload) {
-        l->in_target.clear();
-        l->in_discard = true;
-      }
+    }
+    // Whatever is still arriving for a frame in progress (a receive, a
+    // write, a read response) must not land in memory the application
+    // now gets back: drop it.
+    if (l->in_payload && l->in_begun) {
+      l->in_target.clear();
+      l->in_discard = true;
     }
     // Frames still to be sent may point at memory the application gets
     // back with the flush: keep only what owns its bytes, and finish the
@@ -442,11 +475,13 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
     std::deque<OutFrame> keep;
     for (size_t i = 0; i < l->out.size(); ++i) {
       OutFrame& f = l->out[i];
-      if (i == 0 && f.sent > 0 && !f.iov.empty()) {
-        std::string copy;
-        for (const iovec& v : f.iov) copy.append(static_cast<char*>(v.iov_base), v.iov_len);
-        f.iov.clear();
-        f.owned = std::move(copy);
+      if (i == 0 && f.sent > 0) {
+        if (!f.iov.empty()) {
+          std::string copy;
+          for (const iovec& v : f.iov) copy.append(static_cast<char*>(v.iov_base), v.iov_len);
+          f.iov.clear();
+          f.owned = std::move(copy);
+        }
         keep.push_back(std::move(f));
       } else if (f.iov.empty() && f.hdr.type != kFrameSend && f.hdr.type != kFrameWrite &&
                  f.hdr.type != kFrameReadReq) {
