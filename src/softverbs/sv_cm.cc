@@ -14,7 +14,6 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -62,11 +61,14 @@ struct CmEvent {
   CmId* owner = nullptr;
 };
 
-// The channel fd is a semaphore eventfd: one count per queued event. Like
-// the kernel's rdma_cm fd it is pollable, honours O_NONBLOCK, and closing it
-// does not wake a thread blocked reading it.
+// The channel fd is one end of a SOCK_SEQPACKET socketpair carrying a
+// one-byte token per queued event. Like the kernel's rdma_cm fd it is
+// pollable and honours O_NONBLOCK, and closing it does not wake a thread
+// blocked on it; unlike an eventfd, softverbs itself can take tokens back
+// without ever blocking (MSG_DONTWAIT), whatever the application's flags.
 struct EventChannel {
   rdma_event_channel ch;
+  int wfd = -1;
   std::mutex mu;
   std::deque<CmEvent*> q;
   std::atomic<int> readers{0};  // threads inside rdma_get_cm_event
@@ -162,8 +164,8 @@ void PushEvent(CmId* id, rdma_cm_event_type type, int status, CmId* listen = nul
     std::lock_guard<std::mutex> g(ch->mu);
     ch->q.push_back(e);
   }
-  uint64_t one = 1;
-  (void)!write(ch->ch.fd, &one, sizeof(one));
+  char token = 1;
+  (void)!send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 bool ToSin(const sockaddr* a, sockaddr_in* out) {
@@ -532,10 +534,11 @@ rdma_event_channel* rdma_create_event_channel(void) {
     errno = ENODEV;
     return nullptr;
   }
-  int fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
-  if (fd < 0) return nullptr;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return nullptr;
   auto* ch = new EventChannel();
-  ch->ch.fd = fd;
+  ch->ch.fd = sv[0];
+  ch->wfd = sv[1];
   return &ch->ch;
 }
 
@@ -550,6 +553,7 @@ void rdma_destroy_event_channel(rdma_event_channel* channel) {
     return;
   }
   close(ch->ch.fd);
+  close(ch->wfd);
   for (CmEvent* e : ch->q) delete e;
   delete ch;
 }
@@ -600,11 +604,10 @@ int rdma_destroy_id(rdma_cm_id* cid) {
         ++it;
       }
     }
-    for (; removed > 0; --removed) {
-      pollfd p{ch->ch.fd, POLLIN, 0};
-      uint64_t token;
-      if (poll(&p, 1, 0) != 1 || read(ch->ch.fd, &token, sizeof(token)) != sizeof(token)) break;
-    }
+    // A token another thread already took is simply not there (EAGAIN);
+    // that thread finds the queue empty and waits again.
+    for (char token; removed > 0; --removed)
+      if (recv(ch->ch.fd, &token, 1, MSG_DONTWAIT) != 1) break;
   }
   DropLink(id);
   for (Link* l : Rt().links)
@@ -930,9 +933,9 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     ~Leave() { ch->readers.fetch_sub(1); }
   } leave{ch};
   for (;;) {
-    uint64_t token;
-    ssize_t r = read(ch->ch.fd, &token, sizeof(token));
-    if (r != static_cast<ssize_t>(sizeof(token))) {
+    char token;
+    ssize_t r = recv(ch->ch.fd, &token, 1, 0);  // blocks unless the app set O_NONBLOCK
+    if (r != 1) {
       if (r >= 0) errno = ENODATA;
       return -1;
     }

@@ -4,6 +4,7 @@
 // its fd is pollable, honours O_NONBLOCK and a thread blocked reading it can
 // be cancelled, as with the kernel's.
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -30,8 +31,14 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
   }
   if (notify) {
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
-    ibv_cq* p = &cq->cq;
-    (void)!write(ch->wfd, &p, sizeof(p));
+    {
+      std::lock_guard<std::mutex> g(ch->mu);
+      ch->events.push_back(&cq->cq);
+    }
+    char token = 1;
+    if (send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
+      Warn("completion channel %d: %zu events unread, event token dropped", ch->ch.fd,
+           ch->events.size());
   }
 }
 
@@ -75,16 +82,22 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
 
 namespace {
 
-// Removes the unread event records of one CQ from its channel's pipe.
+// Takes back the unread events of one CQ, and their tokens. A token some
+// reader already took is not there (EAGAIN, never a block); that reader
+// finds no event left and waits again.
 void PurgeChannel(CompChannel* ch, ibv_cq* gone) {
-  std::vector<ibv_cq*> keep;
-  int flags = fcntl(ch->ch.fd, F_GETFL);
-  fcntl(ch->ch.fd, F_SETFL, flags | O_NONBLOCK);
-  ibv_cq* p;
-  while (read(ch->ch.fd, &p, sizeof(p)) == static_cast<ssize_t>(sizeof(p)))
-    if (p != gone) keep.push_back(p);
-  fcntl(ch->ch.fd, F_SETFL, flags);
-  for (ibv_cq* k : keep) (void)!write(ch->wfd, &k, sizeof(k));
+  std::lock_guard<std::mutex> g(ch->mu);
+  size_t removed = 0;
+  for (auto it = ch->events.begin(); it != ch->events.end();) {
+    if (*it == gone) {
+      it = ch->events.erase(it);
+      ++removed;
+    } else {
+      ++it;
+    }
+  }
+  for (char token; removed > 0; --removed)
+    if (recv(ch->ch.fd, &token, 1, MSG_DONTWAIT) != 1) break;
 }
 
 }  // namespace
@@ -95,13 +108,13 @@ using namespace softverbs;
 extern "C" {
 
 ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) != 0) return nullptr;
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return nullptr;
   auto* ch = new CompChannel();
   ch->ch.context = context;
-  ch->ch.fd = p[0];
+  ch->ch.fd = sv[0];
   ch->ch.refcnt = 0;
-  ch->wfd = p[1];
+  ch->wfd = sv[1];
   return &ch->ch;
 }
 
@@ -153,19 +166,20 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
     std::lock_guard<std::mutex> g(rt.mu);
     if (!cq->qps.empty()) return EBUSY;
   }
-  // As with rdma-core: wait until every event handed to the application
-  // has been acked. Events still queued in the channel are dropped, as the
-  // kernel drops them.
+  // Events still queued in the channel are dropped, as the kernel drops
+  // them; then, as with rdma-core, wait until every event handed to the
+  // application has been acked (none can be handed out any more).
   {
     std::lock_guard<std::mutex> g(cq->mu);
     cq->armed = false;
   }
+  if (cq->cq.channel != nullptr)
+    PurgeChannel(reinterpret_cast<CompChannel*>(cq->cq.channel), &cq->cq);
   pthread_mutex_lock(&cq->cq.mutex);
   while (cq->cq.comp_events_completed < cq->events_read.load())
     pthread_cond_wait(&cq->cq.cond, &cq->cq.mutex);
   pthread_mutex_unlock(&cq->cq.mutex);
   if (cq->cq.channel != nullptr) {
-    PurgeChannel(reinterpret_cast<CompChannel*>(cq->cq.channel), &cq->cq);
     std::lock_guard<std::mutex> g(rt.mu);
     --cq->cq.channel->refcnt;
   }
@@ -176,13 +190,21 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 }
 
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
-  ibv_cq* p = nullptr;
-  ssize_t r = read(channel->fd, &p, sizeof(p));
-  if (r != static_cast<ssize_t>(sizeof(p))) return -1;
-  ToCq(p)->events_read.fetch_add(1);
-  *cq = p;
-  *cq_context = p->cq_context;
-  return 0;
+  auto* ch = reinterpret_cast<CompChannel*>(channel);
+  for (;;) {
+    char token;
+    // A cancellation point, and it blocks unless the app set O_NONBLOCK.
+    ssize_t r = recv(ch->ch.fd, &token, 1, 0);
+    if (r != 1) return -1;
+    std::lock_guard<std::mutex> g(ch->mu);
+    if (ch->events.empty()) continue;  // its CQ was destroyed meanwhile
+    ibv_cq* p = ch->events.front();
+    ch->events.pop_front();
+    ToCq(p)->events_read.fetch_add(1);  // under mu: destroy_cq sees it
+    *cq = p;
+    *cq_context = p->cq_context;
+    return 0;
+  }
 }
 
 void ibv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {

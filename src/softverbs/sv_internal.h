@@ -100,9 +100,14 @@ struct Cq;
 struct Qp;
 struct Link;
 
+// A completion channel: ch.fd is one end of a SOCK_SEQPACKET socketpair
+// carrying one token per event; the events themselves (which CQ) wait in
+// `events`, so a CQ's unread events can be taken back when it is destroyed.
 struct CompChannel {
   ibv_comp_channel ch;
   int wfd = -1;
+  std::mutex mu;
+  std::deque<ibv_cq*> events;  // guarded by mu
 };
 
 struct Cq {

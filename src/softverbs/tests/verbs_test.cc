@@ -443,6 +443,32 @@ TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
   PollN(a_.cq, 3);
 }
 
+TEST_F(ChannelTest, BlockedWaiterCanBeCancelled) {
+  struct Arg {
+    ibv_comp_channel* ch;
+    bool returned = false;
+  } arg{b_.channel};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(
+                &t, nullptr,
+                [](void* p) -> void* {
+                  auto* a = static_cast<Arg*>(p);
+                  ibv_cq* cq;
+                  void* ctx;
+                  ibv_get_cq_event(a->ch, &cq, &ctx);
+                  a->returned = true;
+                  return nullptr;
+                },
+                &arg),
+            0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(pthread_cancel(t), 0);
+  void* result = nullptr;
+  ASSERT_EQ(pthread_join(t, &result), 0);
+  EXPECT_EQ(result, PTHREAD_CANCELED);
+  EXPECT_FALSE(arg.returned);
+}
+
 TEST_F(ChannelTest, ChannelInUseCannotBeDestroyed) {
   EXPECT_EQ(ibv_destroy_comp_channel(b_.channel), EBUSY);
 }
