@@ -38,6 +38,10 @@ struct CmId {
   EpollTag* listen_tag = nullptr;
   Link* link = nullptr;
   uint32_t peer_qpn = 0;
+  // Our QP's number: from rdma_create_qp, or the qp_num an application that
+  // made its own QP passes to rdma_connect/rdma_accept. Looked up by number,
+  // because the application may destroy the QP behind id->qp's back.
+  uint32_t local_qpn = 0;
   rdma_conn_param peer{};
   uint64_t deadline_us = 0;
   int unacked = 0;  // events handed out and not yet acked
@@ -205,16 +209,17 @@ void AttachDevice(CmId* id, Device* d) {
 }
 
 Qp* IdQp(CmId* id) {
-  if (id->id.qp == nullptr) return nullptr;
-  auto it = Rt().qps.find(id->id.qp->qp_num);
+  if (id->local_qpn == 0) return nullptr;
+  auto it = Rt().qps.find(id->local_qpn);
   return it == Rt().qps.end() ? nullptr : it->second;
 }
 
 // Moves a CM-managed QP to RTS against the peer's QPN and binds the link.
 void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   Qp* qp = IdQp(id);
-  if (qp == nullptr || id->link == nullptr) return;
-  qp->cm_managed = true;
+  // A QP the application made itself is moved through its states by the
+  // application (rdma_init_qp_attr) and finds its peer like any raw QP.
+  if (qp == nullptr || !qp->cm_managed || id->link == nullptr) return;
   qp->dest_qpn = id->peer_qpn;
   qp->peer_addr = id->id.route.addr.dst_sin.sin_addr;
   if (qp->qp.state == IBV_QPS_INIT) qp->qp.state = IBV_QPS_RTR;
@@ -350,14 +355,14 @@ void OnRep(Link* l, const std::string& body) {
   id->peer.srq = r.srq;
   id->deadline_us = 0;
   l->deadline_us = 0;
-  if (IdQp(id) == nullptr) {
+  if (IdQp(id) == nullptr || !IdQp(id)->cm_managed) {
     id->state = CmState::kResponse;
     PushEvent(id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, nullptr, r.pdata, r.pdata_len, kRepPdata);
     return;
   }
   rdma_conn_param mine{};
   Qp* qp = IdQp(id);
-  mine.rnr_retry_count = qp->rnr_retry;
+  mine.rnr_retry_count = r.rnr_retry_count;  // on IB the REP's count governs us
   mine.retry_count = qp->retry_cnt;
   ConnectQp(id, mine);
   CtlSend(l, kCtlCmRtu, "", 0);
@@ -378,7 +383,7 @@ void OnRej(Link* l, const std::string& body) {
   LinkShmConfirmed(l, false);
   id->state = CmState::kRejected;
   DropLink(id);
-  if (Qp* qp = IdQp(id)) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+  if (Qp* qp = IdQp(id); qp != nullptr && qp->cm_managed) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
   PushEvent(id, RDMA_CM_EVENT_REJECTED, kRejConsumer, nullptr, r.pdata, r.pdata_len, kRejPdata);
 }
 
@@ -420,7 +425,8 @@ bool OnCtl(Link* l, uint8_t type, const std::string& body) {
 void Disconnected(CmId* id) {
   if (id->state != CmState::kConnected) return;
   id->state = CmState::kDisconnected;
-  if (Qp* qp = IdQp(id)) {
+  // Like librdmacm, only a QP it made (rdma_create_qp) is moved to error.
+  if (Qp* qp = IdQp(id); qp != nullptr && qp->cm_managed) {
     if (qp->qp.state != IBV_QPS_ERR && qp->qp.state != IBV_QPS_RESET)
       QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
   }
@@ -612,6 +618,9 @@ int rdma_destroy_id(rdma_cm_id* cid) {
   DropLink(id);
   for (Link* l : Rt().links)
     if (l->cm == id) l->cm = nullptr;
+  auto& delayed = DelayedEvents();
+  for (auto it = delayed.begin(); it != delayed.end();)
+    it = it->id == id ? delayed.erase(it) : it + 1;
   if (id->listen_fd >= 0) {
     Rt().Unwatch(id->listen_fd);  // retires listen_tag
     close(id->listen_fd);
@@ -729,14 +738,28 @@ int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
       id->id.recv_cq_channel = ibv_create_comp_channel(id->id.verbs);
       id->id.send_cq = ibv_create_cq(id->id.verbs, n, cid, id->id.send_cq_channel, 0);
       id->id.recv_cq = ibv_create_cq(id->id.verbs, n, cid, id->id.recv_cq_channel, 0);
-      if (id->id.send_cq == nullptr || id->id.recv_cq == nullptr) return -1;
       made_cqs = true;
+      if (id->id.send_cq == nullptr || id->id.recv_cq == nullptr) {
+        int e = errno;
+        id->owns_cqs = true;
+        rdma_destroy_qp(cid);  // releases what was made
+        errno = e;
+        return -1;
+      }
     }
     if (a.send_cq == nullptr) a.send_cq = id->id.send_cq;
     if (a.recv_cq == nullptr) a.recv_cq = id->id.recv_cq;
   }
   ibv_qp* qp = ibv_create_qp(pd, &a);
-  if (qp == nullptr) return -1;
+  if (qp == nullptr) {
+    int e = errno;
+    if (made_cqs) {
+      id->owns_cqs = true;
+      rdma_destroy_qp(cid);
+    }
+    errno = e;
+    return -1;
+  }
   attr->cap = a.cap;
   std::lock_guard<std::mutex> g(Rt().mu);
   Qp* q = ToQp(qp);
@@ -744,6 +767,7 @@ int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
   q->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   q->qp.state = IBV_QPS_INIT;
   id->id.qp = qp;
+  id->local_qpn = qp->qp_num;
   id->owns_cqs = made_cqs || id->owns_cqs;
   return 0;
 }
@@ -767,6 +791,7 @@ void rdma_destroy_qp(rdma_cm_id* cid) {
   CmId* id = ToId(cid);
   if (id->id.qp != nullptr) ibv_destroy_qp(id->id.qp);
   id->id.qp = nullptr;
+  id->local_qpn = 0;
   if (id->owns_cqs) {
     ibv_destroy_cq(id->id.send_cq);
     ibv_destroy_cq(id->id.recv_cq);
@@ -793,8 +818,9 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
     l->deadline_us = NowUs() + kConnectTimeoutUs;
     id->link = l;
     CmReq r{};
+    if (id->local_qpn == 0 && param != nullptr) id->local_qpn = param->qp_num;
     Qp* qp = IdQp(id);
-    r.qpn = qp ? qp->qp.qp_num : 0;
+    r.qpn = id->local_qpn;
     sockaddr_in s = id->id.route.addr.src_sin;
     if (s.sin_port == 0) {
       sockaddr_in local{};
@@ -814,7 +840,7 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
       r.pdata_len = param->private_data_len;
       if (param->private_data_len > 0 && param->private_data != nullptr)
         memcpy(r.pdata, param->private_data, param->private_data_len);
-      if (qp != nullptr) {
+      if (qp != nullptr && qp->cm_managed) {
         qp->rnr_retry = param->rnr_retry_count > 7 ? 7 : param->rnr_retry_count;
         qp->retry_cnt = param->retry_count > 7 ? 7 : param->retry_count;
       }
@@ -865,10 +891,10 @@ int rdma_accept(rdma_cm_id* cid, rdma_conn_param* param) {
     // On IB the REQ's RNR retry count governs what this side sends.
     mine.rnr_retry_count = id->peer.rnr_retry_count;
     mine.retry_count = id->peer.retry_count;
-    Qp* qp = IdQp(id);
-    r.qpn = qp ? qp->qp.qp_num : 0;
+    if (id->local_qpn == 0 && param != nullptr) id->local_qpn = param->qp_num;
+    r.qpn = id->local_qpn;
     r.shm_ok = l->shm != nullptr ? 1 : 0;
-    if (qp != nullptr) ConnectQp(id, mine);
+    ConnectQp(id, mine);
     CtlSend(l, kCtlCmRep, &r, sizeof(r));
     id->state = CmState::kAccepting;
   }
@@ -893,10 +919,9 @@ int rdma_establish(rdma_cm_id* cid) {
   CmId* id = ToId(cid);
   std::lock_guard<std::mutex> g(Rt().mu);
   if (id->state != CmState::kResponse || id->link == nullptr) return Fail(EINVAL);
-  Qp* qp = IdQp(id);
-  if (qp != nullptr) {
+  if (Qp* qp = IdQp(id)) {
     rdma_conn_param mine{};
-    mine.rnr_retry_count = qp->rnr_retry;
+    mine.rnr_retry_count = id->peer.rnr_retry_count;
     mine.retry_count = qp->retry_cnt;
     ConnectQp(id, mine);
   }
@@ -916,7 +941,7 @@ int rdma_disconnect(rdma_cm_id* cid) {
   if (Link* l = id->link) {
     OutFrame f;
     f.hdr.type = kFrameDisconnect;
-    if (Qp* qp = IdQp(id)) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+    if (Qp* qp = IdQp(id); qp != nullptr && qp->cm_managed) QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
     LinkEnqueue(l, std::move(f));
     LinkPump(l);
   }
@@ -984,6 +1009,7 @@ int rdma_set_option(rdma_cm_id*, int, int, void*, size_t) { return 0; }
 
 int rdma_migrate_id(rdma_cm_id* cid, rdma_event_channel* channel) {
   CmId* id = ToId(cid);
+  if (channel == nullptr) return Fail(EINVAL);  // synchronous ids: not emulated here
   std::lock_guard<std::mutex> g(Rt().mu);
   id->chan = reinterpret_cast<EventChannel*>(channel);
   id->id.channel = channel;
@@ -1010,16 +1036,16 @@ void rdma_free_devices(ibv_context** list) { free(list); }
 int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
   CmId* id = ToId(cid);
   std::lock_guard<std::mutex> g(Rt().mu);
+  // The application says which state it wants the attributes for.
+  ibv_qp_state want = attr->qp_state;
   memset(attr, 0, sizeof(*attr));
-  Qp* qp = IdQp(id);
-  ibv_qp_state cur = qp ? qp->qp.state : IBV_QPS_RESET;
-  if (cur == IBV_QPS_RESET) {
+  if (want == IBV_QPS_INIT) {
     attr->qp_state = IBV_QPS_INIT;
     attr->port_num = 1;
     attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                             IBV_ACCESS_REMOTE_READ;
     *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
-  } else if (cur == IBV_QPS_INIT) {
+  } else if (want == IBV_QPS_RTR) {
     attr->qp_state = IBV_QPS_RTR;
     attr->path_mtu = IBV_MTU_4096;
     attr->dest_qp_num = id->peer_qpn;
@@ -1031,8 +1057,7 @@ int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
     attr->ah_attr.port_num = 1;
     *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-    if (qp) qp->cm_managed = true;  // the CM link carries this QP
-  } else {
+  } else if (want == IBV_QPS_RTS) {
     attr->qp_state = IBV_QPS_RTS;
     attr->timeout = 14;
     attr->retry_cnt = 7;
@@ -1040,6 +1065,8 @@ int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
     attr->max_rd_atomic = id->peer.initiator_depth;
     *mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
             IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+  } else {
+    return Fail(EINVAL);
   }
   return 0;
 }

@@ -45,7 +45,7 @@ usage() {
 # ---------------------------------------------------------------- cases ----
 TESTS=(ibv_devices ibv_devinfo
        rc_pingpong-s1 rc_pingpong-s4096 rc_pingpong-s65536 rc_pingpong-events
-       rping-S100 rping-S4000)
+       rping-S100 rping-S4000 rping-q)
 for t in ib_send_lat ib_write_lat ib_read_lat ib_write_bw ib_read_bw; do
   TESTS+=("$t" "$t-R")
 done
@@ -449,10 +449,11 @@ case_rc_pingpong() {  # $1 = size, $2 = extra flag (-e or empty)
   note "wire $WIRE"
 }
 
-case_rping() {  # $1 = size
+case_rping() {  # $1 = size, then extra rping options (-q: the app makes its own QP)
   need_prog rping || return
   local size=$1 n=$RPING_COUNT
-  local common=(-p "$PORT" -v -V -C "$n" -S "$size")
+  shift
+  local common=(-p "$PORT" -v -V -C "$n" -S "$size" "$@")
   run_pair cm rping -s -a "$SERVER_ADDR" "${common[@]}" -- rping -c -a "$SERVER_ADDR" "${common[@]}"
   check_exit server "$SRC"
   check_exit client "$CRC"
@@ -551,6 +552,7 @@ run_case() {
       rc_pingpong-events) case_rc_pingpong 4096 -e ;;
       rc_pingpong-s*) case_rc_pingpong "${test#rc_pingpong-s}" ;;
       rping-S*) case_rping "${test#rping-S}" ;;
+      rping-q) case_rping 100 -q ;;
       ib_*-R) case_perftest "${test%-R}" -R ;;
       ib_*) case_perftest "$test" ;;
       *) fail "internal error: no such test $test" ;;
