@@ -1,0 +1,172 @@
+#include "engine/buffer_pool.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "verbs/status.h"
+
+namespace grpc_rdma {
+
+bool PinnedBudget::TryReserve(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (bytes > cap_ || used_ > cap_ - bytes) return false;
+  used_ += bytes;
+  if (used_ > peak_) peak_ = used_;
+  return true;
+}
+
+void PinnedBudget::Release(uint64_t bytes) {
+  std::vector<std::function<void()>> run;
+  {
+    absl::MutexLock l(&mu_);
+    used_ = bytes > used_ ? 0 : used_ - bytes;
+    run.swap(waiters_);
+  }
+  for (auto& cb : run) cb();  // outside the lock: they may reserve again
+}
+
+void PinnedBudget::NotifyWhenAvailable(uint64_t bytes, std::function<void()> cb) {
+  {
+    absl::MutexLock l(&mu_);
+    if (bytes > cap_ || used_ > cap_ - bytes) {
+      waiters_.push_back(std::move(cb));
+      return;
+    }
+  }
+  cb();  // already fits: the caller retries at once
+}
+
+uint64_t PinnedBudget::used() const {
+  absl::MutexLock l(&mu_);
+  return used_;
+}
+
+uint64_t PinnedBudget::peak() const {
+  absl::MutexLock l(&mu_);
+  return peak_;
+}
+
+namespace {
+
+int ClassIndex(size_t cls) {
+  int i = 0;
+  for (size_t c = BufferPool::kMinClass; c < cls; c <<= 1) ++i;
+  return i;
+}
+
+}  // namespace
+
+size_t BufferPool::ClassFor(size_t size) {
+  size_t c = kMinClass;
+  while (c < size) c <<= 1;
+  return c;
+}
+
+BufferPool::BufferPool(PinnedBudget* budget, Registrar registrar, size_t max_class)
+    : budget_(budget), registrar_(std::move(registrar)), max_class_(ClassFor(max_class)) {
+  absl::MutexLock l(&mu_);
+  free_.resize(ClassIndex(max_class_) + 1);
+}
+
+BufferPool::~BufferPool() { Trim(0); }
+
+absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
+  size_t cls = ClassFor(size);
+  if (cls > max_class_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer of ", size, " bytes asked for; the largest class is ", max_class_));
+  }
+  int idx = ClassIndex(cls);
+  {
+    absl::MutexLock l(&mu_);
+    if (!free_[idx].empty()) {
+      PinnedBuffer* b = free_[idx].back();
+      free_[idx].pop_back();
+      cached_bytes_ -= b->size;
+      ++outstanding_;
+      return b;
+    }
+  }
+  if (!budget_->TryReserve(cls)) {
+    // Cached buffers of other classes hold budget nobody is using: give it
+    // back and try once more before reporting backpressure.
+    Trim(0);
+    if (!budget_->TryReserve(cls)) return nullptr;
+  }
+  void* mem = std::aligned_alloc(4096, cls);
+  if (mem == nullptr) {
+    budget_->Release(cls);
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", cls, " bytes"));
+  }
+  absl::StatusOr<Registration> reg = registrar_.reg(mem, cls);
+  if (!reg.ok()) {
+    std::free(mem);
+    budget_->Release(cls);
+    return reg.status();
+  }
+  auto* b = new PinnedBuffer{static_cast<char*>(mem), cls, *reg};
+  absl::MutexLock l(&mu_);
+  ++outstanding_;
+  return b;
+}
+
+void BufferPool::Put(PinnedBuffer* b) {
+  absl::MutexLock l(&mu_);
+  --outstanding_;
+  free_[ClassIndex(b->size)].push_back(b);
+  cached_bytes_ += b->size;
+}
+
+void BufferPool::Trim(uint64_t keep_bytes) {
+  std::vector<PinnedBuffer*> drop;
+  {
+    absl::MutexLock l(&mu_);
+    // Largest classes first: they free the most budget.
+    for (size_t i = free_.size(); i-- > 0 && cached_bytes_ > keep_bytes;) {
+      while (!free_[i].empty() && cached_bytes_ > keep_bytes) {
+        drop.push_back(free_[i].back());
+        cached_bytes_ -= free_[i].back()->size;
+        free_[i].pop_back();
+      }
+    }
+  }
+  for (PinnedBuffer* b : drop) {
+    registrar_.dereg(b->reg);
+    std::free(b->data);
+    uint64_t size = b->size;
+    delete b;
+    budget_->Release(size);  // may run waiters: no lock held here
+  }
+}
+
+uint64_t BufferPool::cached_bytes() const {
+  absl::MutexLock l(&mu_);
+  return cached_bytes_;
+}
+
+uint64_t BufferPool::outstanding() const {
+  absl::MutexLock l(&mu_);
+  return outstanding_;
+}
+
+Registrar MakeVerbsRegistrar(ibv_pd* pd, int access) {
+  Registrar r;
+  r.reg = [pd, access](void* addr, size_t length) -> absl::StatusOr<Registration> {
+    ibv_mr* mr = ibv_reg_mr(pd, addr, length, access);
+    if (absl::Status s = CheckErrno(mr == nullptr, "ibv_reg_mr",
+                                    absl::StrCat("length=", length));
+        !s.ok())
+      return s;
+    return Registration{mr->lkey, mr->rkey, mr};
+  };
+  r.dereg = [](const Registration& reg) {
+    auto* mr = static_cast<ibv_mr*>(reg.handle);
+    if (absl::Status s = CheckRet(ibv_dereg_mr(mr), "ibv_dereg_mr"); !s.ok())
+      fprintf(stderr, "grpc_rdma: %s\n", std::string(s.message()).c_str());
+  };
+  return r;
+}
+
+}  // namespace grpc_rdma

@@ -1,0 +1,125 @@
+// File: src/engine/buffer_pool.h
+//
+// Pinned (registered) memory for the engine, in two parts:
+//
+// PinnedBudget: the process-wide cap on registered bytes (TF_RDMA_BUF_SIZE).
+//   It is a cap, not an up-front allocation: memory is reserved as buffers
+//   are made. Running out is backpressure: TryReserve fails, and whoever
+//   needs memory asks to be told when some is released. Never an error,
+//   never a corrupt message.
+//
+// BufferPool: one connection's registered buffers, in size classes (powers
+//   of two from 4 KiB), cached for reuse. Buffers are registered in that
+//   connection's own protection domain (through the Registrar), so a peer
+//   can only ever reach memory granted to its own connection.
+//
+// Thread-safety: both classes are thread-safe. Callbacks passed to
+// PinnedBudget::NotifyWhenAvailable run on the thread that releases memory,
+// after every internal lock is dropped.
+#ifndef GRPC_RDMA_SRC_ENGINE_BUFFER_POOL_H_
+#define GRPC_RDMA_SRC_ENGINE_BUFFER_POOL_H_
+
+#include <infiniband/verbs.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace grpc_rdma {
+
+class PinnedBudget {
+ public:
+  explicit PinnedBudget(uint64_t cap_bytes) : cap_(cap_bytes) {}
+  PinnedBudget(const PinnedBudget&) = delete;
+  PinnedBudget& operator=(const PinnedBudget&) = delete;
+
+  // Reserves `bytes` if they fit under the cap; false otherwise.
+  bool TryReserve(uint64_t bytes);
+  // Returns bytes reserved earlier and runs the waiting callbacks.
+  void Release(uint64_t bytes);
+  // Runs `cb` once, the next time memory is released (or now, on this
+  // thread, if `bytes` already fit). The caller retries its TryReserve.
+  void NotifyWhenAvailable(uint64_t bytes, std::function<void()> cb);
+
+  uint64_t cap() const { return cap_; }
+  uint64_t used() const;
+  uint64_t peak() const;
+
+ private:
+  const uint64_t cap_;
+  mutable absl::Mutex mu_;
+  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void()>> waiters_ ABSL_GUARDED_BY(mu_);
+};
+
+// What registering memory produced: the keys, and a handle to undo it.
+struct Registration {
+  uint32_t lkey = 0;
+  uint32_t rkey = 0;
+  void* handle = nullptr;  // e.g. the ibv_mr*
+};
+
+// Registers and deregisters memory; the engine's is ibv_reg_mr in the
+// connection's PD (see MakeVerbsRegistrar), tests may use plain memory.
+struct Registrar {
+  std::function<absl::StatusOr<Registration>(void* addr, size_t length)> reg;
+  std::function<void(const Registration&)> dereg;
+};
+
+// A registered buffer. Owned by its BufferPool; give it back with Put().
+struct PinnedBuffer {
+  char* data = nullptr;
+  size_t size = 0;  // the size class, >= what was asked for
+  Registration reg;
+};
+
+class BufferPool {
+ public:
+  static constexpr size_t kMinClass = 4096;
+
+  // Borrows `budget` (must outlive the pool).
+  BufferPool(PinnedBudget* budget, Registrar registrar, size_t max_class);
+  // Deregisters and frees every buffer; all must have been Put back.
+  ~BufferPool();
+  BufferPool(const BufferPool&) = delete;
+  BufferPool& operator=(const BufferPool&) = delete;
+
+  // A buffer of at least `size` bytes (size <= max_class): a cached one, or
+  // a new one if the budget allows. nullptr when the budget is exhausted:
+  // backpressure, see PinnedBudget::NotifyWhenAvailable. An error only if
+  // registration itself fails.
+  absl::StatusOr<PinnedBuffer*> Get(size_t size);
+  // Takes the buffer back into the cache.
+  void Put(PinnedBuffer* b);
+  // Frees cached buffers (returning their bytes to the budget) until at most
+  // `keep_bytes` stay cached.
+  void Trim(uint64_t keep_bytes = 0);
+
+  // The size class for `size`: the next power of two, at least kMinClass.
+  static size_t ClassFor(size_t size);
+
+  uint64_t cached_bytes() const;
+  uint64_t outstanding() const;  // buffers handed out and not Put back
+
+ private:
+  PinnedBudget* const budget_;
+  const Registrar registrar_;
+  const size_t max_class_;
+  mutable absl::Mutex mu_;
+  std::vector<std::vector<PinnedBuffer*>> free_ ABSL_GUARDED_BY(mu_);  // by class index
+  uint64_t cached_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Registers with ibv_reg_mr in `pd` (a connection's own PD) with `access`.
+Registrar MakeVerbsRegistrar(ibv_pd* pd, int access);
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_ENGINE_BUFFER_POOL_H_
