@@ -1,0 +1,610 @@
+// The data path of one connection: eager coalescing under credits,
+// rendezvous into granted buffers, the reader queue, and closing.
+#include <arpa/inet.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "engine/engine_internal.h"
+#include "verbs/status.h"
+
+namespace grpc_rdma {
+namespace {
+
+constexpr uint64_t kRecvBit = 1ull << 63;
+constexpr uint64_t kMaxTransfer = 1ull << 40;
+constexpr int kInline = 64;  // control messages go inline: no buffer needed
+
+absl::Status Closed(absl::string_view why) { return absl::UnavailableError(why); }
+
+}  // namespace
+
+// ------------------------------------------------------------- RecvChunk ---
+
+RecvChunk::RecvChunk(RecvChunk&& o) noexcept { *this = std::move(o); }
+
+RecvChunk& RecvChunk::operator=(RecvChunk&& o) noexcept {
+  if (this == &o) return *this;
+  if (release_) release_();
+  owned_ = std::move(o.owned_);
+  release_ = std::move(o.release_);
+  o.release_ = nullptr;
+  size_ = o.size_;
+  data_ = release_ ? o.data_ : owned_.data();
+  o.data_ = nullptr;
+  o.size_ = 0;
+  return *this;
+}
+
+RecvChunk::~RecvChunk() {
+  if (release_) release_();
+}
+
+RecvChunk RecvChunk::Owned(std::string bytes) {
+  RecvChunk c;
+  c.owned_ = std::move(bytes);
+  c.data_ = c.owned_.data();
+  c.size_ = c.owned_.size();
+  return c;
+}
+
+RecvChunk RecvChunk::Lent(const char* data, size_t size, std::function<void()> release) {
+  RecvChunk c;
+  c.data_ = data;
+  c.size_ = size;
+  c.release_ = std::move(release);
+  return c;
+}
+
+// ---------------------------------------------------------------- set-up ---
+
+ConnImpl::ConnImpl(std::shared_ptr<EngineImpl> engine, CmId id, bool passive)
+    : engine_(std::move(engine)), passive_(passive), id_(std::move(id)) {}
+
+ConnImpl::~ConnImpl() {
+  // The QP goes before the buffers it may still point at, and the CQ's
+  // events are all acked by the poller (one per get, see engine.cc).
+  qp_.reset();
+  for (PinnedBuffer* b : recv_bufs_)
+    if (b) local_pool_->Put(b);
+  for (auto& [wr, b] : inflight_) local_pool_->Put(b);
+  for (auto& [g, l] : landings_) remote_pool_->Put(l.buf);
+}
+
+wire::Hello ConnImpl::MyHello() const {
+  wire::Hello h{};
+  h.magic = wire::kMagic;
+  h.version = wire::kVersion;
+  h.eager_depth = static_cast<uint16_t>(engine_->options.eager_depth);
+  h.acc_size = static_cast<uint32_t>(engine_->options.acc_size);
+  return h;
+}
+
+absl::Status ConnImpl::SetupLocked() {
+  const Options& o = engine_->options;
+  ibv_context* ctx = id_->verbs;
+  if (ctx == nullptr) return absl::UnavailableError("RDMA CM bound no device to the connection");
+  // A PD of its own: the peer can reach nothing another connection owns.
+  ASSIGN_OR_RETURN(pd_, AllocPd(ctx));
+  ASSIGN_OR_RETURN(channel_, CreateCompChannel(ctx));
+  int cqe = 2 * o.eager_depth + 2 * o.chunks_in_flight + 64;
+  ASSIGN_OR_RETURN(cq_, CreateCq(ctx, cqe, this, channel_.get()));
+  local_pool_ = std::make_unique<BufferPool>(
+      &engine_->budget, MakeVerbsRegistrar(pd_.get(), IBV_ACCESS_LOCAL_WRITE),
+      std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
+  remote_pool_ = std::make_shared<BufferPool>(
+      &engine_->budget,
+      MakeVerbsRegistrar(pd_.get(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+      o.chunk_size);
+  ibv_qp_init_attr a{};
+  a.send_cq = a.recv_cq = cq_.get();
+  a.cap.max_send_wr = o.eager_depth + o.chunks_in_flight + 16;
+  a.cap.max_recv_wr = o.eager_depth;
+  a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  a.cap.max_inline_data = kInline;
+  ASSIGN_OR_RETURN(qp_, CreateQp(id_.get(), pd_.get(), a));
+  recv_bufs_.assign(o.eager_depth, nullptr);
+  for (int i = 0; i < o.eager_depth; ++i) {
+    absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(o.acc_size + wire::kHeaderBytes);
+    if (!b.ok()) return b.status();
+    if (*b == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "TF_RDMA_BUF_SIZE (", engine_->budget.cap(), " bytes) is used up: no room for a new "
+          "connection's receive buffers"));
+    }
+    recv_bufs_[i] = *b;
+    if (!PostRecvLocked(i)) return absl::InternalError("ibv_post_recv failed at set-up");
+  }
+  ArmCqLocked();
+  return absl::OkStatus();
+}
+
+void ConnImpl::SetPeerLocked(const wire::Hello& h) {
+  peer_acc_ = h.acc_size;
+  peer_depth_ = h.eager_depth;
+  peer_credits_ = h.eager_depth;
+}
+
+void ConnImpl::UpLocked() {
+  state_ = State::kUp;
+  auto addr = [](const sockaddr* sa) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    char buf[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+    return absl::StrCat("rdma:", buf, ":", ntohs(in->sin_port));
+  };
+  peer_ = addr(rdma_get_peer_addr(id_.get()));
+  local_ = addr(rdma_get_local_addr(id_.get()));
+}
+
+bool ConnImpl::PostRecvLocked(size_t index) {
+  PinnedBuffer* b = recv_bufs_[index];
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size), b->reg.lkey};
+  ibv_recv_wr wr{}, *bad = nullptr;
+  wr.wr_id = kRecvBit | index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
+}
+
+void ConnImpl::ArmCqLocked() {
+  if (cq_) ibv_req_notify_cq(cq_.get(), 0);
+}
+
+// ----------------------------------------------------------- application ---
+
+void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
+  Deferred d;
+  {
+    std::lock_guard<std::mutex> g(engine_->mu);
+    if (state_ == State::kClosed) {
+      absl::Status s = close_status_;
+      d.push_back([done, s] { done(s); });
+    } else {
+      WriteOp op;
+      for (const iovec& v : data) op.total += v.iov_len;
+      op.iov = std::move(data);
+      op.done = std::move(done);
+      if (op.total == 0) {
+        WriteDone cb = std::move(op.done);
+        d.push_back([cb] { cb(absl::OkStatus()); });
+      } else {
+        writes_.push_back(std::move(op));
+        if (state_ == State::kUp) PumpLocked(&d);
+      }
+    }
+  }
+  for (auto& f : d) f();
+}
+
+void ConnImpl::Read(ReadDone done) {
+  Deferred d;
+  {
+    std::lock_guard<std::mutex> g(engine_->mu);
+    pending_read_ = std::move(done);
+    DeliverLocked(&d);
+  }
+  for (auto& f : d) f();
+}
+
+void ConnImpl::Shutdown(absl::Status why) {
+  Deferred d;
+  {
+    std::lock_guard<std::mutex> g(engine_->mu);
+    CloseLocked(why.ok() ? Closed("connection shut down") : why, &d, true);
+  }
+  for (auto& f : d) f();
+  engine_->Wake();
+}
+
+ConnectionStats ConnImpl::stats() const {
+  std::lock_guard<std::mutex> g(engine_->mu);
+  return stats_;
+}
+
+void ConnImpl::DeliverLocked(Deferred* d) {
+  if (!pending_read_) return;
+  if (!ready_.empty()) {
+    std::vector<RecvChunk> out;
+    while (!ready_.empty()) {
+      out.push_back(std::move(ready_.front()));
+      ready_.pop_front();
+    }
+    ReadDone cb = std::move(pending_read_);
+    pending_read_ = nullptr;
+    auto shared = std::make_shared<std::vector<RecvChunk>>(std::move(out));
+    d->push_back([cb, shared] { cb(std::move(*shared)); });
+    return;
+  }
+  if (state_ == State::kClosed || peer_closed_) {
+    absl::Status s = state_ == State::kClosed ? close_status_ : Closed("closed by the peer");
+    ReadDone cb = std::move(pending_read_);
+    pending_read_ = nullptr;
+    d->push_back([cb, s] { cb(s); });
+  }
+}
+
+// ------------------------------------------------------------- send path ---
+
+uint16_t ConnImpl::TakeCreditsLocked() {
+  uint16_t c = static_cast<uint16_t>(credits_to_return_);
+  credits_to_return_ = 0;
+  return c;
+}
+
+bool ConnImpl::SendControlLocked(wire::Header h) {
+  h.version = static_cast<uint8_t>(wire::kVersion);
+  h.credits = TakeCreditsLocked();
+  ibv_sge sge{reinterpret_cast<uint64_t>(&h), sizeof(h), 0};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return false;
+  --peer_credits_;
+  return true;
+}
+
+void ConnImpl::CopyOut(WriteOp& op, size_t offset, char* to, size_t len) {
+  for (const iovec& v : op.iov) {
+    if (len == 0) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    size_t n = std::min(len, v.iov_len - offset);
+    memcpy(to, static_cast<char*>(v.iov_base) + offset, n);
+    to += n;
+    len -= n;
+    offset = 0;
+  }
+}
+
+// Coalesces the small writes at the head of the queue into one SEND.
+bool ConnImpl::SendEagerLocked(Deferred* d) {
+  absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(peer_acc_ + wire::kHeaderBytes);
+  if (!b.ok()) {
+    CloseLocked(b.status(), d, true);
+    return false;
+  }
+  if (*b == nullptr) {
+    if (!waiting_budget_) {
+      waiting_budget_ = true;
+      engine_->budget.NotifyWhenAvailable(peer_acc_ + wire::kHeaderBytes,
+                                          [w = std::weak_ptr<EngineImpl>(engine_)] {
+                                            if (auto e = w.lock()) e->Wake();
+                                          });
+    }
+    return false;  // backpressure: the writes wait for pinned memory
+  }
+  PinnedBuffer* buf = *b;
+  char* p = buf->data + wire::kHeaderBytes;
+  size_t len = 0;
+  int ops = 0;
+  while (!writes_.empty() && len < peer_acc_) {
+    WriteOp& op = writes_.front();
+    if (op.total > peer_acc_) break;  // a large write goes by rendezvous
+    size_t n = std::min(op.total - op.copied, peer_acc_ - len);
+    CopyOut(op, op.copied, p + len, n);
+    op.copied += n;
+    len += n;
+    ++ops;
+    if (op.copied < op.total) break;
+    WriteDone cb = std::move(op.done);
+    d->push_back([cb] { cb(absl::OkStatus()); });
+    writes_.pop_front();
+  }
+  wire::Header h{};
+  h.type = wire::kData;
+  h.version = static_cast<uint8_t>(wire::kVersion);
+  h.len = static_cast<uint32_t>(len);
+  h.credits = TakeCreditsLocked();
+  memcpy(buf->data, &h, sizeof(h));
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf->data), static_cast<uint32_t>(len + sizeof(h)),
+              buf->reg.lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    local_pool_->Put(buf);
+    CloseLocked(absl::InternalError("ibv_post_send failed"), d, true);
+    return false;
+  }
+  inflight_[wr.wr_id] = buf;
+  --peer_credits_;
+  stats_.bytes_sent += len;
+  ++stats_.eager_messages;
+  if (ops > 1) stats_.coalesced_writes += ops;
+  return true;
+}
+
+// Writes one granted chunk of the rendezvous at the head of the queue.
+bool ConnImpl::WriteChunkLocked(Deferred* d) {
+  OutGrant g = out_grants_.front();
+  absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(g.len);
+  if (!b.ok()) {
+    CloseLocked(b.status(), d, true);
+    return false;
+  }
+  if (*b == nullptr) {
+    if (!waiting_budget_) {
+      waiting_budget_ = true;
+      engine_->budget.NotifyWhenAvailable(g.len, [w = std::weak_ptr<EngineImpl>(engine_)] {
+        if (auto e = w.lock()) e->Wake();
+      });
+    }
+    return false;
+  }
+  out_grants_.pop_front();
+  WriteOp& op = writes_.front();
+  CopyOut(op, g.offset, (*b)->data, g.len);
+  ibv_sge sge{reinterpret_cast<uint64_t>((*b)->data), g.len, (*b)->reg.lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(g.grant);
+  wr.wr.rdma.remote_addr = g.addr;
+  wr.wr.rdma.rkey = g.rkey;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    local_pool_->Put(*b);
+    CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
+    return false;
+  }
+  inflight_[wr.wr_id] = *b;
+  --peer_credits_;
+  op.copied += g.len;
+  stats_.bytes_sent += g.len;
+  if (op.copied == op.total) {
+    WriteDone cb = std::move(op.done);
+    d->push_back([cb] { cb(absl::OkStatus()); });
+    writes_.pop_front();
+    out_next_offset_ = 0;
+  }
+  return true;
+}
+
+void ConnImpl::PumpLocked(Deferred* d) {
+  waiting_budget_ = false;
+  // Credit rule: one of the peer's receives stays for credit updates, so
+  // the two sides can never both wait for credits.
+  for (;;) {
+    if (state_ != State::kUp) return;
+    IssueGrantsLocked();
+    if (state_ != State::kUp) return;
+    if (!out_grants_.empty() && peer_credits_ >= 2) {
+      if (!WriteChunkLocked(d)) break;
+      continue;
+    }
+    if (writes_.empty() || peer_credits_ < 2) break;
+    WriteOp& op = writes_.front();
+    if (op.total > peer_acc_) {
+      if (op.rts_sent) break;  // waiting for grants
+      wire::Header h{};
+      h.type = wire::kRts;
+      h.a = op.total;
+      if (!SendControlLocked(h)) {
+        CloseLocked(absl::InternalError("ibv_post_send(RTS) failed"), d, true);
+        return;
+      }
+      op.rts_sent = true;
+      out_next_offset_ = 0;
+      ++stats_.rendezvous;
+      continue;
+    }
+    if (!SendEagerLocked(d)) break;
+  }
+  // Nothing to say but credits, and the peer may be waiting for them.
+  if (state_ == State::kUp && peer_credits_ >= 1 &&
+      credits_to_return_ >= std::max(1, engine_->options.eager_depth / 4)) {
+    wire::Header h{};
+    h.type = wire::kCredit;
+    if (SendControlLocked(h)) ++stats_.credit_messages;
+  }
+}
+
+// ----------------------------------------------------------- receive path ---
+
+void ConnImpl::IssueGrantsLocked() {
+  const Options& o = engine_->options;
+  while (in_active_ && in_granted_ < in_total_ &&
+         static_cast<int>(landings_.size()) < o.chunks_in_flight && peer_credits_ >= 2) {
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, in_total_ - in_granted_));
+    absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
+    if (!b.ok() || *b == nullptr) {
+      // Backpressure: granted again when pinned memory comes back.
+      if (!waiting_budget_) {
+        waiting_budget_ = true;
+        engine_->budget.NotifyWhenAvailable(len, [w = std::weak_ptr<EngineImpl>(engine_)] {
+          if (auto e = w.lock()) e->Wake();
+        });
+      }
+      return;
+    }
+    uint32_t id = next_grant_++;
+    wire::Header h{};
+    h.type = wire::kCts;
+    h.len = len;
+    h.a = reinterpret_cast<uint64_t>((*b)->data);
+    h.rkey = (*b)->reg.rkey;
+    h.grant = id;
+    h.offset = in_granted_;
+    if (!SendControlLocked(h)) {
+      remote_pool_->Put(*b);
+      return;
+    }
+    landings_[id] = Landing{*b, len};
+    in_granted_ += len;
+  }
+}
+
+void ConnImpl::Violation(const char* what, Deferred* d) {
+  fprintf(stderr, "grpc_rdma: connection %s: the peer broke the protocol (%s); closing it\n",
+          peer_.c_str(), what);
+  CloseLocked(absl::UnavailableError(absl::StrCat("peer broke the protocol: ", what)), d, true);
+}
+
+void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
+  size_t index = wc.wr_id & ~kRecvBit;
+  if (index >= recv_bufs_.size()) return Violation("unknown receive", d);
+  PinnedBuffer* b = recv_bufs_[index];
+  if (wc.byte_len < wire::kHeaderBytes) return Violation("message shorter than a header", d);
+  wire::Header h;
+  memcpy(&h, b->data, sizeof(h));
+  if (h.version != wire::kVersion) return Violation("unknown protocol version", d);
+  if (h.credits > peer_depth_ || peer_credits_ + h.credits > peer_depth_)
+    return Violation("more credits than receives posted", d);
+  peer_credits_ += h.credits;
+  switch (h.type) {
+    case wire::kData:
+      if (h.len == 0 || h.len != wc.byte_len - wire::kHeaderBytes ||
+          h.len > engine_->options.acc_size)
+        return Violation("bad data length", d);
+      if (in_active_) return Violation("data in the middle of a rendezvous", d);
+      ready_.push_back(RecvChunk::Owned(std::string(b->data + wire::kHeaderBytes, h.len)));
+      stats_.bytes_received += h.len;
+      break;
+    case wire::kRts:
+      if (in_active_ || h.a == 0 || h.a > kMaxTransfer) return Violation("bad rendezvous", d);
+      in_active_ = true;
+      in_total_ = h.a;
+      in_received_ = in_granted_ = 0;
+      break;
+    case wire::kCts: {
+      if (writes_.empty() || !writes_.front().rts_sent) return Violation("grant for nothing", d);
+      const WriteOp& op = writes_.front();
+      if (h.offset != out_next_offset_ || h.len == 0 || h.len > engine_->options.chunk_size ||
+          h.offset + h.len > op.total)
+        return Violation("grant out of order or out of bounds", d);
+      out_grants_.push_back(OutGrant{h.offset, h.a, h.len, h.rkey, h.grant});
+      out_next_offset_ += h.len;
+      break;
+    }
+    case wire::kCredit:
+      break;
+    case wire::kClose:
+      peer_closed_ = true;
+      break;
+    default:
+      return Violation("unknown message type", d);
+  }
+  if (!PostRecvLocked(index)) {
+    CloseLocked(absl::InternalError("ibv_post_recv failed"), d, true);
+    return;
+  }
+  ++credits_to_return_;
+}
+
+void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
+  size_t index = wc.wr_id & ~kRecvBit;
+  uint32_t grant = ntohl(wc.imm_data);
+  auto it = landings_.find(grant);
+  if (index >= recv_bufs_.size() || it == landings_.end())
+    return Violation("chunk for no grant", d);
+  if (wc.byte_len != it->second.len) return Violation("chunk of the wrong length", d);
+  Landing land = it->second;
+  landings_.erase(it);
+  // Lend the buffer to the reader, unless pinned memory runs short: then
+  // copy and give it back, so a reader that holds data (gRPC keeps a whole
+  // message) can never starve the transfer of buffers.
+  uint64_t used = engine_->budget.used(), cap = engine_->budget.cap();
+  if (used > cap / 4 * 3) {
+    ready_.push_back(RecvChunk::Owned(std::string(land.buf->data, land.len)));
+    remote_pool_->Put(land.buf);
+    ++stats_.chunks_copied;
+  } else {
+    PinnedBuffer* buf = land.buf;
+    std::shared_ptr<BufferPool> pool = remote_pool_;
+    std::shared_ptr<EngineImpl> eng = engine_;  // the pool's budget lives there
+    // Back to the pool (thread-safe), and wake the poller: a transfer may
+    // be waiting for a buffer to grant.
+    ready_.push_back(RecvChunk::Lent(land.buf->data, land.len, [pool, buf, eng] {
+      pool->Put(buf);
+      eng->Wake();
+    }));
+    ++stats_.chunks_zero_copy;
+  }
+  in_received_ += land.len;
+  stats_.bytes_received += land.len;
+  if (in_received_ == in_total_) in_active_ = false;
+  if (!PostRecvLocked(index)) {
+    CloseLocked(absl::InternalError("ibv_post_recv failed"), d, true);
+    return;
+  }
+  ++credits_to_return_;
+}
+
+void ConnImpl::HandleCqLocked(Deferred* d) {
+  if (!cq_) return;
+  ibv_wc wc[16];
+  for (;;) {
+    int n = ibv_poll_cq(cq_.get(), 16, wc);
+    if (n <= 0) break;
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        if (!(wc[i].wr_id & kRecvBit)) {
+          auto it = inflight_.find(wc[i].wr_id);
+          if (it != inflight_.end()) {
+            local_pool_->Put(it->second);
+            inflight_.erase(it);
+          }
+        }
+        if (state_ != State::kClosed && wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+          CloseLocked(absl::UnavailableError(absl::StrCat("RDMA completion error: ",
+                                                          ibv_wc_status_str(wc[i].status))),
+                      d, true);
+        }
+        continue;
+      }
+      if (state_ == State::kClosed) continue;
+      if (wc[i].opcode == IBV_WC_RECV) {
+        OnRecvLocked(wc[i], d);
+      } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+        OnChunkLocked(wc[i], d);
+      } else {
+        auto it = inflight_.find(wc[i].wr_id);
+        if (it != inflight_.end()) {
+          local_pool_->Put(it->second);
+          inflight_.erase(it);
+        }
+      }
+    }
+  }
+  DeliverLocked(d);
+  PumpLocked(d);
+}
+
+// ----------------------------------------------------------------- close ---
+
+void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
+  if (state_ == State::kClosed) return;
+  bool was_up = state_ == State::kUp;
+  state_ = State::kClosed;
+  close_status_ = why.ok() ? Closed("connection closed") : why;
+  for (WriteOp& op : writes_) {
+    WriteDone cb = std::move(op.done);
+    absl::Status s = close_status_;
+    d->push_back([cb, s] { cb(s); });
+  }
+  writes_.clear();
+  out_grants_.clear();
+  DeliverLocked(d);
+  if (disconnect && was_up && id_) rdma_disconnect(id_.get());
+  if (connect_done) {
+    Engine::ConnectDone cb = std::move(connect_done);
+    connect_done = nullptr;
+    absl::Status s = close_status_;
+    d->push_back([cb, s] { cb(s); });
+  }
+}
+
+}  // namespace grpc_rdma

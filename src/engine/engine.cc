@@ -1,0 +1,369 @@
+// The engine's control path: the poller thread, RDMA CM events, connection
+// set-up on both sides, connect timeouts.
+#include "engine/engine.h"
+
+#include <poll.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "config/config.h"
+#include "engine/engine_internal.h"
+#include "verbs/status.h"
+
+namespace grpc_rdma {
+
+uint64_t NowMicros() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+namespace {
+
+// epoll tags: the CM channel and the wake fd have fixed ones; a
+// connection's completion channel is tagged with its CM id.
+constexpr uint64_t kTagCm = 1, kTagWake = 2;
+
+bool ValidHello(const void* data, size_t len, wire::Hello* out) {
+  if (data == nullptr || len < sizeof(wire::Hello)) return false;
+  memcpy(out, data, sizeof(*out));
+  return out->magic == wire::kMagic && out->version == wire::kVersion &&
+         out->eager_depth >= 2 && out->acc_size >= 64 && out->acc_size <= (1u << 20);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- engine ---
+
+EngineImpl::EngineImpl(const Options& o) : options(o), budget(o.buf_size) {}
+
+absl::Status EngineImpl::Start() {
+  ASSIGN_OR_RETURN(events_, CreateEventChannel());
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || wake_fd_ < 0) return ErrnoStatus(errno, "epoll_create1/eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagCm;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, events_->fd, &ev);
+  ev.data.u64 = kTagWake;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  poller_ = std::thread([this] { PollerMain(); });
+  return absl::OkStatus();
+}
+
+void EngineImpl::Shutdown() {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    stop_ = true;
+  }
+  Wake();
+  if (poller_.joinable()) poller_.join();
+  Deferred d;
+  std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (auto& [id, c] : conns_) {
+      if (c->channel_fd() >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+      c->CloseLocked(absl::UnavailableError("engine shut down"), &d, true);
+    }
+    conns.swap(conns_);
+    listeners_.clear();
+  }
+  for (auto& f : d) f();
+  // conns (and what they own) go here, outside the lock.
+}
+
+EngineImpl::~EngineImpl() {
+  if (epfd_ >= 0) close(epfd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void EngineImpl::Wake() {
+  uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+}
+
+void EngineImpl::WatchLocked(ConnImpl* c) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = reinterpret_cast<uint64_t>(c->cm_id());
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, c->channel_fd(), &ev);
+}
+
+std::shared_ptr<ConnImpl> EngineImpl::Find(rdma_cm_id* id) {
+  auto it = conns_.find(id);
+  return it == conns_.end() ? nullptr : it->second;
+}
+
+void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done) {
+  Deferred d;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    absl::StatusOr<CmId> id = CreateCmId(events_.get(), nullptr);
+    if (!id.ok()) {
+      absl::Status s = absl::UnavailableError(id.status().message());
+      d.push_back([done, s] { done(s); });
+    } else {
+      rdma_cm_id* raw = id->get();
+      auto c = std::make_shared<ConnImpl>(shared_from_this(), std::move(*id), false);
+      c->connect_done = std::move(done);
+      c->connect_deadline_us = NowMicros() + static_cast<uint64_t>(timeout_ms) * 1000;
+      conns_[raw] = c;
+      sockaddr_in dst = addr;
+      if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), timeout_ms) != 0) {
+        FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_addr"), &d);
+      }
+    }
+  }
+  for (auto& f : d) f();
+  Wake();  // the connect deadline needs the poller's attention
+}
+
+absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept) {
+  std::lock_guard<std::mutex> g(mu);
+  ASSIGN_OR_RETURN(CmId id, CreateCmId(events_.get(), nullptr));
+  sockaddr_in a = addr;
+  RETURN_IF_ERROR(CheckErrno(rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0,
+                             "rdma_bind_addr"));
+  RETURN_IF_ERROR(CheckErrno(rdma_listen(id.get(), 128) != 0, "rdma_listen"));
+  uint16_t port = ntohs(rdma_get_src_port(id.get()));
+  id->context = reinterpret_cast<void*>(listeners_.size() + 1);
+  listeners_.push_back(std::move(id));
+  accept_fns_.push_back(std::move(on_accept));
+  return port;
+}
+
+void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
+  if (!s.ok() && s.code() != absl::StatusCode::kUnavailable)
+    s = absl::UnavailableError(s.message());
+  c->CloseLocked(s, d, false);
+  auto it = conns_.find(c->cm_id());
+  if (it != conns_.end()) {
+    if (c->channel_fd() >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+    auto keep = it->second;
+    conns_.erase(it);
+    d->push_back([keep] {});  // destroyed after the lock is dropped
+  }
+}
+
+void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
+  size_t li = reinterpret_cast<size_t>(e->listen_id->context);
+  wire::Hello peer;
+  if (li == 0 || li > listeners_.size() ||
+      !ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer)) {
+    fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's\n");
+    rdma_reject(e->id, nullptr, 0);
+    rdma_destroy_id(e->id);
+    return;
+  }
+  auto c = std::make_shared<ConnImpl>(shared_from_this(), CmId(e->id), true);
+  conns_[e->id] = c;
+  absl::Status s = c->SetupLocked();
+  if (!s.ok()) {
+    fprintf(stderr, "grpc_rdma: cannot accept an RDMA connection: %s\n",
+            std::string(s.message()).c_str());
+    rdma_reject(e->id, nullptr, 0);
+    c->CloseLocked(s, d, false);
+    conns_.erase(e->id);
+    d->push_back([c] {});
+    return;
+  }
+  c->SetPeerLocked(peer);
+  WatchLocked(c.get());
+  wire::Hello mine = c->MyHello();
+  rdma_conn_param p{};
+  p.private_data = &mine;
+  p.private_data_len = sizeof(mine);
+  p.responder_resources = 1;
+  p.initiator_depth = 1;
+  p.rnr_retry_count = 7;
+  p.retry_count = 7;
+  if (rdma_accept(e->id, &p) != 0) {
+    c->CloseLocked(CheckErrno(true, "rdma_accept"), d, false);
+    conns_.erase(e->id);
+    d->push_back([c] {});
+    return;
+  }
+  // Remember which listener: ESTABLISHED hands the connection to it.
+  c->connect_deadline_us = 0;
+  c->connect_done = [this, li](absl::StatusOr<std::shared_ptr<Connection>> r) {
+    if (r.ok()) accept_fns_[li - 1](*r);
+  };
+}
+
+void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
+  if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequestLocked(e, d);
+  std::shared_ptr<ConnImpl> c = Find(e->id);
+  if (c == nullptr) return;
+  switch (e->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (rdma_resolve_route(e->id, options.connect_timeout_ms) != 0)
+        FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_route"), d);
+      return;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      absl::Status s = c->SetupLocked();
+      if (!s.ok()) return FailConnectLocked(c.get(), s, d);
+      WatchLocked(c.get());
+      wire::Hello mine = c->MyHello();
+      rdma_conn_param p{};
+      p.private_data = &mine;
+      p.private_data_len = sizeof(mine);
+      p.responder_resources = 1;
+      p.initiator_depth = 1;
+      p.rnr_retry_count = 7;
+      p.retry_count = 7;
+      if (rdma_connect(e->id, &p) != 0)
+        FailConnectLocked(c.get(), CheckErrno(true, "rdma_connect"), d);
+      return;
+    }
+    case RDMA_CM_EVENT_ESTABLISHED: {
+      if (!c->closed() && c->connect_done) {
+        if (!c->cm_id()->qp) return FailConnectLocked(c.get(), absl::InternalError("no QP"), d);
+        wire::Hello peer;
+        bool passive = c->connect_deadline_us == 0;
+        if (!passive) {
+          if (!ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer))
+            return FailConnectLocked(
+                c.get(), absl::UnavailableError("the peer is not a grpc-rdma endpoint"), d);
+          c->SetPeerLocked(peer);
+        }
+        c->UpLocked();
+        Engine::ConnectDone cb = std::move(c->connect_done);
+        c->connect_done = nullptr;
+        std::shared_ptr<Connection> conn = c;
+        d->push_back([cb, conn] { cb(conn); });
+        c->PumpLocked(d);
+      }
+      return;
+    }
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_REJECTED:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+      return FailConnectLocked(
+          c.get(),
+          absl::UnavailableError(absl::StrCat("RDMA connection failed: ", rdma_event_str(e->event),
+                                              " (status ", e->status, ")")),
+          d);
+    case RDMA_CM_EVENT_DISCONNECTED:
+      c->CloseLocked(absl::UnavailableError("RDMA connection closed by the peer"), d, false);
+      return FailConnectLocked(c.get(), absl::UnavailableError("disconnected"), d);
+    default:
+      return;
+  }
+}
+
+bool EngineImpl::PollAllLocked(Deferred* d) {
+  size_t before = d->size();
+  for (auto& [id, c] : conns_) c->HandleCqLocked(d);
+  return d->size() > before;
+}
+
+void EngineImpl::PollerMain() {
+  const bool busy = options.poll_mode == PollMode::kBusy;
+  const bool adaptive = options.poll_mode == PollMode::kAdaptive;
+  uint64_t last_active = NowMicros();
+  epoll_event evs[64];
+  for (;;) {
+    int timeout = 100;
+    if (busy || (adaptive && NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
+      timeout = 0;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (stop_) return;
+      bool deadline = false;
+      for (auto& [id, c] : conns_) deadline |= c->connect_deadline_us != 0;
+      if (deadline && timeout > 10) timeout = 10;
+      if (timeout > 0) {
+        // About to block: arm every CQ, then look once more (a completion
+        // that came in before the arm raises no event).
+        for (auto& [id, c] : conns_) c->ArmCqLocked();
+      }
+    }
+    int n = epoll_wait(epfd_, evs, 64, timeout);
+    Deferred d;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (stop_) return;
+      for (int i = 0; i < n; ++i) {
+        uint64_t tag = evs[i].data.u64;
+        if (tag == kTagWake) {
+          uint64_t v;
+          (void)!read(wake_fd_, &v, sizeof(v));
+        } else if (tag == kTagCm) {
+          rdma_cm_event* e = nullptr;
+          while (rdma_get_cm_event(events_.get(), &e) == 0 && e != nullptr) {
+            // Copy what we need, then ack before acting (acting may destroy ids).
+            rdma_cm_event copy = *e;
+            uint8_t pdata[256];
+            if (e->param.conn.private_data && e->param.conn.private_data_len) {
+              memcpy(pdata, e->param.conn.private_data, e->param.conn.private_data_len);
+              copy.param.conn.private_data = pdata;
+            }
+            rdma_ack_cm_event(e);
+            HandleCmEventLocked(&copy, &d);
+            e = nullptr;
+            pollfd p{events_->fd, POLLIN, 0};
+            if (poll(&p, 1, 0) != 1) break;
+          }
+        } else {
+          auto c = Find(reinterpret_cast<rdma_cm_id*>(tag));
+          if (c && c->channel_fd() >= 0) {
+            ibv_cq* cq;
+            void* ctx;
+            pollfd p{c->channel_fd(), POLLIN, 0};
+            // One event per arm; ack at once (destroying a CQ waits for it).
+            if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(c->channel(), &cq, &ctx) == 0)
+              ibv_ack_cq_events(cq, 1);
+          }
+        }
+      }
+      // Connect deadlines.
+      uint64_t now = NowMicros();
+      std::vector<std::shared_ptr<ConnImpl>> late;
+      for (auto& [id, c] : conns_)
+        if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
+          late.push_back(c);
+      for (auto& c : late)
+        FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), &d);
+      if (PollAllLocked(&d) || n > 0) last_active = NowMicros();
+    }
+    for (auto& f : d) f();
+  }
+}
+
+// ------------------------------------------------------------ public API ---
+
+Engine::Engine(std::shared_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() { impl_->Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
+  RETURN_IF_ERROR(ValidateOptions(options));
+  ASSIGN_OR_RETURN(std::optional<std::string> device, ChooseDevice(options));
+  (void)device;  // RDMA CM binds the device for the address; checked above
+  auto impl = std::make_shared<EngineImpl>(options);
+  RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+void Engine::Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done) {
+  impl_->Connect(addr, timeout_ms, std::move(done));
+}
+
+absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_accept) {
+  return impl_->Listen(addr, std::move(on_accept));
+}
+
+const Options& Engine::options() const { return impl_->options; }
+
+uint64_t Engine::pinned_bytes() const { return impl_->budget.used(); }
+
+}  // namespace grpc_rdma

@@ -1,0 +1,130 @@
+// File: src/engine/engine.h
+//
+// The transport engine: ordered byte streams in both directions over RC
+// queue pairs set up with RDMA CM. No gRPC here; src/glue adapts it.
+//
+//   auto engine = Engine::Create(options);           // one per process
+//   engine->Listen(addr, [](std::shared_ptr<Connection> c) { ... });
+//   engine->Connect(addr, 1000, [](absl::StatusOr<std::shared_ptr<Connection>> c) { ... });
+//   conn->Write({iov...}, [](absl::Status s) { /* buffers may be reused */ });
+//   conn->Read([](absl::StatusOr<std::vector<RecvChunk>> r) { ... });
+//
+// Small writes are copied into registered buffers and coalesced, up to the
+// peer's TF_RDMA_ACC_SIZE, into one SEND (eager, credit-gated); a write
+// larger than that is announced and then pulled into buffers the receiver
+// grants, TF_RDMA_CHUNK_SIZE at a time, several in flight (rendezvous), and
+// those buffers are handed to the reader without a copy.
+//
+// Threading: one poller thread per Engine handles RDMA CM events and
+// completions; every callback (connect, accept, read, write done) runs on
+// it, with no engine lock held. Write, Read and Shutdown may be called from
+// any thread, including from callbacks.
+#ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_H_
+#define GRPC_RDMA_SRC_ENGINE_ENGINE_H_
+
+#include <netinet/in.h>
+#include <sys/uio.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpc_rdma/options.h"
+
+namespace grpc_rdma {
+
+class Connection;
+class EngineImpl;
+
+// Received stream bytes. Either a registered buffer lent to the reader
+// (zero-copy; given back when the chunk is destroyed) or owned memory.
+class RecvChunk {
+ public:
+  RecvChunk() = default;
+  RecvChunk(RecvChunk&& o) noexcept;
+  RecvChunk& operator=(RecvChunk&& o) noexcept;
+  RecvChunk(const RecvChunk&) = delete;
+  RecvChunk& operator=(const RecvChunk&) = delete;
+  ~RecvChunk();
+
+  const char* data() const { return data_; }
+  size_t size() const { return size_; }
+  // True when data() points into a registered buffer (no copy was made).
+  bool zero_copy() const { return static_cast<bool>(release_); }
+
+  static RecvChunk Owned(std::string bytes);
+  static RecvChunk Lent(const char* data, size_t size, std::function<void()> release);
+
+ private:
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+  std::string owned_;
+  std::function<void()> release_;
+};
+
+struct ConnectionStats {
+  uint64_t bytes_sent = 0, bytes_received = 0;
+  uint64_t eager_messages = 0;     // SENDs of stream data
+  uint64_t coalesced_writes = 0;   // writes that shared a SEND with another
+  uint64_t rendezvous = 0;         // large writes sent by rendezvous
+  uint64_t chunks_zero_copy = 0;   // received chunks lent to the reader
+  uint64_t chunks_copied = 0;      // received chunks copied (pool was short)
+  uint64_t credit_messages = 0;    // explicit credit updates sent
+};
+
+class Connection {
+ public:
+  using WriteDone = std::function<void(absl::Status)>;
+  using ReadDone = std::function<void(absl::StatusOr<std::vector<RecvChunk>>)>;
+
+  virtual ~Connection() = default;
+  // Queues `data` (borrowed until `done` runs) for the peer, in order after
+  // earlier writes. `done` runs once the bytes are out of `data`'s buffers:
+  // OK, or UNAVAILABLE if the connection closed first.
+  virtual void Write(std::vector<iovec> data, WriteDone done) = 0;
+  // `done` runs once with the bytes available (at least one), or with
+  // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown).
+  // One read at a time.
+  virtual void Read(ReadDone done) = 0;
+  // Fails pending and later reads and writes with `why` (UNAVAILABLE) and
+  // disconnects. Idempotent.
+  virtual void Shutdown(absl::Status why) = 0;
+  virtual std::string peer() const = 0;   // "rdma:10.0.0.2:50051"
+  virtual std::string local() const = 0;
+  virtual ConnectionStats stats() const = 0;
+};
+
+class Engine {
+ public:
+  using ConnectDone = std::function<void(absl::StatusOr<std::shared_ptr<Connection>>)>;
+  using AcceptFn = std::function<void(std::shared_ptr<Connection>)>;
+
+  // Validates the options, picks the device (TF_RDMA_DEV_NAME) and starts
+  // the poller. UNAVAILABLE when there is no RDMA device at all.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Options& options);
+  // Closes every connection (their operations fail) and stops the poller.
+  // Connections and chunks the application still holds stay valid objects
+  // (their operations fail with UNAVAILABLE).
+  ~Engine();
+
+  // Connects to `addr` over RDMA CM; `done` runs on the poller with the
+  // connection, or UNAVAILABLE (no RDMA path, rejected, no answer within
+  // `timeout_ms`).
+  void Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done);
+  // Listens on `addr` (port 0: any); returns the port. `on_accept` runs on
+  // the poller for each established connection.
+  absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, AcceptFn on_accept);
+
+  const Options& options() const;
+  uint64_t pinned_bytes() const;  // registered memory in use, all connections
+
+ private:
+  explicit Engine(std::shared_ptr<EngineImpl> impl);
+  std::shared_ptr<EngineImpl> impl_;
+};
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_ENGINE_ENGINE_H_

@@ -1,0 +1,169 @@
+// Engine internals shared by engine.cc (poller, RDMA CM) and connection.cc
+// (the data path). One mutex, EngineImpl::mu, guards every connection's
+// state; callbacks are collected in a Deferred and run after it is dropped.
+#ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
+#define GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/buffer_pool.h"
+#include "engine/engine.h"
+#include "engine/wire.h"
+#include "verbs/verbs.h"
+
+namespace grpc_rdma {
+
+// Callbacks to run once the engine lock is released.
+using Deferred = std::vector<std::function<void()>>;
+
+class EngineImpl;
+
+class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl> {
+ public:
+  ConnImpl(std::shared_ptr<EngineImpl> engine, CmId id, bool passive);
+  ~ConnImpl() override;
+
+  // Connection
+  void Write(std::vector<iovec> data, WriteDone done) override;
+  void Read(ReadDone done) override;
+  void Shutdown(absl::Status why) override;
+  std::string peer() const override { return peer_; }
+  std::string local() const override { return local_; }
+  ConnectionStats stats() const override;
+
+  // Called with EngineImpl::mu held.
+  absl::Status SetupLocked();                   // PD, CQ, pools, QP, receives
+  void SetPeerLocked(const wire::Hello& hello);  // from the handshake
+  void UpLocked();
+  void HandleCqLocked(Deferred* d);             // poll the CQ dry
+  void ArmCqLocked();
+  void PumpLocked(Deferred* d);                 // send what can be sent
+  void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
+  bool closed() const { return state_ == State::kClosed; }
+  int channel_fd() const { return channel_ ? channel_->fd : -1; }
+  ibv_comp_channel* channel() const { return channel_.get(); }
+  rdma_cm_id* cm_id() const { return id_.get(); }
+  wire::Hello MyHello() const;
+
+  Engine::ConnectDone connect_done;  // client, until established
+  uint64_t connect_deadline_us = 0;
+
+ private:
+  enum class State { kSetup, kUp, kClosed };
+  struct WriteOp {
+    std::vector<iovec> iov;
+    size_t total = 0;
+    size_t copied = 0;   // bytes taken out of iov so far
+    bool rts_sent = false;
+    WriteDone done;
+  };
+  struct OutGrant {  // a peer's CTS for our rendezvous
+    uint64_t offset, addr;
+    uint32_t len, rkey, grant;
+  };
+  struct Landing {  // our grant for the peer's rendezvous
+    PinnedBuffer* buf;
+    uint32_t len;
+  };
+
+  void OnRecvLocked(const ibv_wc& wc, Deferred* d);
+  void OnChunkLocked(const ibv_wc& wc, Deferred* d);
+  bool PostRecvLocked(size_t index);
+  bool SendControlLocked(wire::Header h);  // inline SEND
+  bool SendEagerLocked(Deferred* d);
+  bool WriteChunkLocked(Deferred* d);
+  void IssueGrantsLocked();
+  void DeliverLocked(Deferred* d);
+  void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
+  void Violation(const char* what, Deferred* d);
+  uint16_t TakeCreditsLocked();
+
+  // Shared: a connection (and chunks it lent) may outlive the Engine.
+  const std::shared_ptr<EngineImpl> engine_;
+  const bool passive_;
+  // Owners, in the order rdma-core needs them torn down in reverse.
+  CmId id_;
+  Pd pd_;
+  CompChannel channel_;
+  Cq cq_;
+  std::unique_ptr<BufferPool> local_pool_;   // eager send/receive buffers
+  // Rendezvous landing buffers. Shared with the chunks lent to the reader,
+  // which may outlive the connection (RecvChunks must go before the Engine).
+  std::shared_ptr<BufferPool> remote_pool_;
+  Qp qp_;
+
+  State state_ = State::kSetup;
+  std::string peer_, local_;
+  absl::Status close_status_;
+  uint32_t peer_acc_ = 0;
+  int peer_depth_ = 0;
+  int peer_credits_ = 0;
+  int credits_to_return_ = 0;
+  std::vector<PinnedBuffer*> recv_bufs_;
+  std::unordered_map<uint64_t, PinnedBuffer*> inflight_;  // wr_id -> staging
+  uint64_t next_wr_ = 1;
+  std::deque<WriteOp> writes_;
+  std::deque<OutGrant> out_grants_;
+  size_t out_next_offset_ = 0;  // next grant offset expected for writes_.front()
+  // Inbound rendezvous.
+  bool in_active_ = false;
+  uint64_t in_total_ = 0, in_received_ = 0, in_granted_ = 0;
+  std::map<uint32_t, Landing> landings_;
+  uint32_t next_grant_ = 1;
+  bool waiting_budget_ = false;
+  // Reader side.
+  std::deque<RecvChunk> ready_;
+  ReadDone pending_read_;
+  bool peer_closed_ = false;
+  ConnectionStats stats_;
+};
+
+class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
+ public:
+  explicit EngineImpl(const Options& o);
+  ~EngineImpl();
+  absl::Status Start();
+  // Stops the poller and closes every connection (Engine's destructor);
+  // the memory stays until the last connection and lent chunk are gone.
+  void Shutdown();
+
+  void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
+  absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
+
+  // Wakes the poller (new fds, budget freed, work queued from other threads).
+  void Wake();
+  void WatchLocked(ConnImpl* c);
+
+  std::mutex mu;
+  const Options options;
+  PinnedBudget budget;
+
+ private:
+  void PollerMain();
+  void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
+  void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
+  void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
+  std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);
+  bool PollAllLocked(Deferred* d);
+
+  EventChannel events_;
+  std::vector<CmId> listeners_;
+  std::vector<Engine::AcceptFn> accept_fns_;  // indexed like listeners_
+  std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns_;
+  int epfd_ = -1;
+  int wake_fd_ = -1;
+  bool stop_ = false;
+  std::thread poller_;
+};
+
+uint64_t NowMicros();
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_

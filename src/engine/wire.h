@@ -1,0 +1,59 @@
+// File: src/engine/wire.h
+//
+// The engine's wire format (docs/wire-protocol.md has the full story).
+//
+// Every message travels as a two-sided SEND into one of the receive buffers
+// the peer posted (eager_depth of them, each acc_size + kHeaderBytes), and
+// starts with a Header. Rendezvous chunks travel as RDMA WRITE WITH
+// IMMEDIATE into a buffer the receiver granted; the immediate is the grant
+// id. Both consume one of the peer's posted receives: one credit.
+//
+// Both ends are assumed to share byte order (all fields are host order);
+// the handshake's magic catches a mismatch.
+#ifndef GRPC_RDMA_SRC_ENGINE_WIRE_H_
+#define GRPC_RDMA_SRC_ENGINE_WIRE_H_
+
+#include <cstdint>
+
+namespace grpc_rdma {
+namespace wire {
+
+constexpr uint32_t kMagic = 0x52444d41;  // "RDMA"
+constexpr uint16_t kVersion = 1;
+
+enum Type : uint8_t {
+  kData = 1,    // payload: stream bytes (len of them)
+  kRts = 2,     // a large write follows: `a` = its total length
+  kCts = 3,     // a grant for the peer's transfer: write `len` bytes at
+                // offset `offset` of it to `a`/`rkey`, immediate `grant`
+  kCredit = 4,  // only returns credits
+  kClose = 5,   // the sender closes its stream
+};
+
+struct Header {
+  uint8_t type;
+  uint8_t version;
+  uint16_t credits;  // receives the sender reposted since its last message
+  uint32_t len;      // kData: payload bytes; kCts: grant length
+  uint64_t a;        // kRts: transfer length; kCts: address
+  uint32_t rkey;     // kCts
+  uint32_t grant;    // kCts
+  uint64_t offset;   // kCts: offset of the grant in the transfer
+};
+static_assert(sizeof(Header) == 32, "wire layout");
+constexpr uint32_t kHeaderBytes = sizeof(Header);
+
+// RDMA CM private data (connect and accept; at most 56 bytes on connect).
+struct Hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t eager_depth;  // receives the sender posts: the peer's credits
+  uint32_t acc_size;     // the largest eager payload the sender accepts
+  uint32_t reserved;
+};
+static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
+
+}  // namespace wire
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_ENGINE_WIRE_H_
