@@ -558,7 +558,11 @@ void ConnImpl::HandleCqLocked(Deferred* d) {
             inflight_.erase(it);
           }
         }
-        if (state_ != State::kClosed && wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+        // Any error while open, a flush included, means the QP is dead
+        // (the peer died, or broke a rule and the HCA stopped the QP).
+        if (state_ != State::kClosed) {
+          fprintf(stderr, "grpc_rdma: connection %s: %s; closing it\n", peer_.c_str(),
+                  ibv_wc_status_str(wc[i].status));
           CloseLocked(absl::UnavailableError(absl::StrCat("RDMA completion error: ",
                                                           ibv_wc_status_str(wc[i].status))),
                       d, true);

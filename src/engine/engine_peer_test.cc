@@ -1,0 +1,471 @@
+// The engine against peers that misbehave or die, many connections, the
+// poll modes and softverbs' fault knobs. Child processes are this binary
+// run again with --child MODE (softverbs reads its environment per process).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <signal.h>
+#include <spawn.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+#include "engine/wire.h"
+
+extern char** environ;
+
+namespace grpc_rdma {
+namespace {
+
+sockaddr_in Loopback(uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  return a;
+}
+
+std::string Pattern(size_t n, uint32_t seed) {
+  std::string s(n, '\0');
+  uint32_t x = seed * 2654435761u + 7;
+  for (size_t i = 0; i < n; ++i) {
+    x = x * 1103515245u + 12345u;
+    s[i] = static_cast<char>(x >> 16);
+  }
+  return s;
+}
+
+// Reads a connection until `want` bytes or the end; returns what came and how it ended.
+struct Drain {
+  std::mutex mu;
+  std::string data;
+  absl::Status end;
+  std::promise<void> done;
+  size_t want;
+  bool finished = false;
+  Drain(std::shared_ptr<Connection> c, size_t w) : want(w) { Next(std::move(c)); }
+  void Next(std::shared_ptr<Connection> c) {
+    c->Read([this, c](absl::StatusOr<std::vector<RecvChunk>> r) {
+      std::lock_guard<std::mutex> l(mu);
+      if (finished) return;
+      if (!r.ok()) {
+        end = r.status();
+        finished = true;
+        done.set_value();
+        return;
+      }
+      for (auto& ch : *r) data.append(ch.data(), ch.size());
+      if (data.size() >= want) {
+        finished = true;
+        done.set_value();
+        return;
+      }
+      Next(c);
+    });
+  }
+};
+
+pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  self[n > 0 ? n : 0] = 0;
+  std::vector<std::string> a = {self};
+  a.insert(a.end(), args.begin(), args.end());
+  std::vector<char*> argv, envp;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> e(env);
+  for (char** p = environ; *p; ++p) e.push_back(*p);  // first match wins: ours first
+  for (auto& s : e) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  pid_t pid = -1;
+  posix_spawn(&pid, self, nullptr, nullptr, argv.data(), envp.data());
+  return pid;
+}
+
+TEST(EnginePeers, ManyConnectionsAtOnce) {
+  auto se = Engine::Create(Options{});
+  auto ce = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok() && ce.ok());
+  constexpr int kConns = 24;
+  std::mutex mu;
+  std::vector<std::unique_ptr<Drain>> drains;
+  std::atomic<int> accepted{0};
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    drains.push_back(std::make_unique<Drain>(c, 300000));
+    ++accepted;
+  });
+  ASSERT_TRUE(port.ok());
+  std::vector<std::shared_ptr<Connection>> conns(kConns);
+  std::vector<std::promise<void>> up(kConns);
+  for (int i = 0; i < kConns; ++i) {
+    (*ce)->Connect(Loopback(*port), 5000, [&, i](absl::StatusOr<std::shared_ptr<Connection>> r) {
+      ASSERT_TRUE(r.ok()) << r.status();
+      conns[i] = *r;
+      up[i].set_value();
+    });
+  }
+  for (auto& p : up) p.get_future().wait();
+  std::string payload = Pattern(300000, 5);
+  std::atomic<int> written{0};
+  for (auto& c : conns) {
+    iovec v{payload.data(), payload.size()};
+    c->Write({v}, [&](absl::Status s) {
+      EXPECT_TRUE(s.ok());
+      ++written;
+    });
+  }
+  for (int i = 0; i < 1000 && accepted < kConns; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(accepted.load(), kConns);
+  std::vector<Drain*> ds;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& d : drains) ds.push_back(d.get());
+  }
+  for (Drain* d : ds) {
+    ASSERT_EQ(d->done.get_future().wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    EXPECT_TRUE(d->data == payload);
+  }
+  EXPECT_EQ(written.load(), kConns);
+  se->reset();
+  ce->reset();
+}
+
+// A peer that dies in the middle of a large transfer: the reader sees the
+// stream end (UNAVAILABLE), and the pinned memory comes back.
+TEST(EnginePeers, PeerKilledMidTransfer) {
+  Options o;
+  o.chunk_size = 64 << 10;
+  auto se = Engine::Create(o);
+  ASSERT_TRUE(se.ok());
+  std::promise<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    accepted.set_value(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  uint64_t before = (*se)->pinned_bytes();
+  pid_t child = Spawn({"--child", "write-forever", std::to_string(*port)});
+  ASSERT_GT(child, 0);
+  auto fut = accepted.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  auto conn = fut.get();
+  Drain d(conn, SIZE_MAX);
+  // Let data flow, then kill the writer without a word.
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard<std::mutex> l(d.mu);
+      if (d.data.size() > (8u << 20)) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_EQ(d.done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_EQ(d.end.code(), absl::StatusCode::kUnavailable) << d.end;
+  EXPECT_GT(d.data.size(), 0u);
+  std::string expect = Pattern(d.data.size(), 77);
+  EXPECT_TRUE(d.data == expect) << "what arrived is intact";
+  absl::Status w;
+  std::promise<absl::Status> wd;
+  std::string x = "after the peer died";
+  iovec v{x.data(), x.size()};
+  conn->Write({v}, [&](absl::Status s) { wd.set_value(s); });
+  EXPECT_EQ(wd.get_future().get().code(), absl::StatusCode::kUnavailable);
+  conn.reset();
+  for (int i = 0; i < 200 && (*se)->pinned_bytes() > before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_LE((*se)->pinned_bytes(), before) << "nothing pinned stays behind";
+}
+
+// A peer written against raw verbs: connects like an engine, gets a grant,
+// then writes outside it and tries to read what it was only allowed to
+// write. Its own operations fail with access errors; the engine closes that
+// connection and says why; another connection carries on.
+TEST(EnginePeers, RoguePeerGetsAccessErrorsAndOthersCarryOn) {
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::mutex mu;
+  std::vector<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)});
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the rogue's out-of-bounds write and its read must fail";
+  // The honest path still works on the same engine.
+  auto ce = Engine::Create(Options{});
+  ASSERT_TRUE(ce.ok());
+  std::promise<absl::StatusOr<std::shared_ptr<Connection>>> cp;
+  (*ce)->Connect(Loopback(*port), 5000, [&](auto r) { cp.set_value(std::move(r)); });
+  auto c = cp.get_future().get();
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int i = 0; i < 200; ++i) {
+    std::lock_guard<std::mutex> l(mu);
+    if (accepted.size() == 2) break;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::shared_ptr<Connection> honest;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_EQ(accepted.size(), 2u);
+    honest = accepted[1];
+  }
+  std::shared_ptr<Connection> rogue;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    rogue = accepted[0];
+  }
+  std::promise<absl::Status> rw;
+  std::string x = "to the rogue";
+  iovec xv{x.data(), x.size()};
+  rogue->Write({xv}, [&](absl::Status s) { rw.set_value(s); });
+  EXPECT_EQ(rw.get_future().get().code(), absl::StatusCode::kUnavailable)
+      << "the engine closed the rogue's connection";
+  Drain d(honest, 1 << 20);
+  std::string payload = Pattern(1 << 20, 3);
+  iovec v{payload.data(), payload.size()};
+  (*c)->Write({v}, [](absl::Status) {});
+  ASSERT_EQ(d.done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(d.data == payload);
+}
+
+void RunWithKnobs(const std::vector<std::string>& env, const char* mode) {
+  pid_t child = Spawn({"--child", mode}, env);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << mode;
+}
+
+TEST(EnginePeers, CutWireFailsOperationsCleanly) {
+  RunWithKnobs({"SOFTVERBS_DROP_AFTER_OPS=20"}, "cut-wire");
+}
+
+TEST(EnginePeers, DelayedCompletionsStillDeliverEverything) {
+  RunWithKnobs({"SOFTVERBS_DELAY_US=2000"}, "transfer");
+}
+
+TEST(EnginePeers, TinyRingsForceBackpressureOnTheWire) {
+  RunWithKnobs({"SOFTVERBS_RING_KB=16"}, "transfer");
+}
+
+TEST(EnginePeers, EventAndBusyPollModes) {
+  RunWithKnobs({"TEST_POLL_MODE=event"}, "transfer");
+  RunWithKnobs({"TEST_POLL_MODE=busy"}, "transfer");
+}
+
+}  // namespace
+
+// ------------------------------------------------------------- children ---
+
+namespace {
+
+absl::StatusOr<std::shared_ptr<Connection>> ConnectTo(Engine& e, uint16_t port) {
+  std::promise<absl::StatusOr<std::shared_ptr<Connection>>> p;
+  e.Connect(Loopback(port), 5000, [&](auto r) { p.set_value(std::move(r)); });
+  return p.get_future().get();
+}
+
+int ChildWriteForever(uint16_t port) {
+  Options o;
+  o.chunk_size = 64 << 10;
+  auto e = Engine::Create(o);
+  if (!e.ok()) return 2;
+  auto c = ConnectTo(**e, port);
+  if (!c.ok()) return 3;
+  std::string all = Pattern(256 << 20, 77);
+  size_t off = 0;
+  for (;;) {  // until killed
+    size_t n = std::min<size_t>(1 << 20, all.size() - off);
+    std::promise<void> p;
+    iovec v{all.data() + off, n};
+    (*c)->Write({v}, [&](absl::Status) { p.set_value(); });
+    p.get_future().wait();
+    off += n;
+    if (off == all.size()) return 4;
+  }
+}
+
+// Connects with raw rdma_cm as if it were an engine, announces a large
+// write, and abuses the grant it gets.
+int ChildRogue(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
+  sockaddr_in dst = Loopback(port);
+  rdma_cm_event* e = nullptr;
+  auto next = [&](rdma_cm_event_type want) {
+    if (rdma_get_cm_event(ch, &e) != 0) return false;
+    bool ok = e->event == want;
+    rdma_ack_cm_event(e);
+    return ok;
+  };
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
+      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
+      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
+    return 10;
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = ibv_create_cq(id->verbs, 64, nullptr, nullptr, 0);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  qa.cap.max_inline_data = 64;
+  if (rdma_create_qp(id, pd, &qa)) return 11;
+  std::vector<char> mem(1 << 20);
+  ibv_mr* mr = ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
+  for (int i = 0; i < 8; ++i) {
+    ibv_sge s{reinterpret_cast<uint64_t>(mem.data() + i * 65536), 65536, mr->lkey};
+    ibv_recv_wr w{}, *bad;
+    w.wr_id = i;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    ibv_post_recv(id->qp, &w, &bad);
+  }
+  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0};
+  rdma_conn_param p{};
+  p.private_data = &h;
+  p.private_data_len = sizeof(h);
+  p.rnr_retry_count = 7;
+  p.retry_count = 7;
+  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
+  // Announce a 1 MiB write: the engine answers with a grant.
+  wire::Header rts{};
+  rts.type = wire::kRts;
+  rts.version = wire::kVersion;
+  rts.a = 1 << 20;
+  ibv_sge s{reinterpret_cast<uint64_t>(&rts), sizeof(rts), 0};
+  ibv_send_wr w{}, *bad;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  ibv_post_send(id->qp, &w, &bad);
+  wire::Header cts{};
+  bool got = false;
+  for (int i = 0; i < 5000 && !got; ++i) {
+    ibv_wc wc;
+    while (ibv_poll_cq(cq, 1, &wc) == 1) {
+      if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
+        memcpy(&cts, mem.data() + wc.wr_id * 65536, sizeof(cts));
+        if (cts.type == wire::kCts) got = true;
+      }
+    }
+    usleep(1000);
+  }
+  if (!got) return 13;
+  // 1. Read the granted buffer (it is write-only) -> remote access error.
+  ibv_sge rs{reinterpret_cast<uint64_t>(mem.data()), 64, mr->lkey};
+  ibv_send_wr r{}, *rbad;
+  r.sg_list = &rs;
+  r.num_sge = 1;
+  r.opcode = IBV_WR_RDMA_READ;
+  r.send_flags = IBV_SEND_SIGNALED;
+  r.wr.rdma.remote_addr = cts.a;
+  r.wr.rdma.rkey = cts.rkey;
+  r.wr_id = 99;
+  ibv_post_send(id->qp, &r, &rbad);
+  ibv_wc_status read_status = IBV_WC_SUCCESS;
+  for (int i = 0; i < 5000; ++i) {
+    ibv_wc wc;
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 99) {
+      read_status = wc.status;
+      break;
+    }
+    usleep(1000);
+  }
+  if (read_status != IBV_WC_REM_ACCESS_ERR) {
+    fprintf(stderr, "rogue: read of a granted buffer: %s\n", ibv_wc_status_str(read_status));
+    return 14;
+  }
+  return 0;  // the QP is now in error; the engine must have closed its side
+}
+
+int ChildTransfer() {
+  Options o;
+  o.chunk_size = 128 << 10;
+  if (const char* m = getenv("TEST_POLL_MODE")) {
+    o.poll_mode = strcmp(m, "busy") == 0 ? PollMode::kBusy : PollMode::kEvent;
+  }
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  std::promise<std::shared_ptr<Connection>> acc;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    acc.set_value(std::move(c));
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto s = acc.get_future().get();
+  std::string payload;
+  for (int i = 0; i < 30; ++i) payload += Pattern(i % 3 == 0 ? (1 << 20) + i : 100 + i * 37, i);
+  Drain d(s, payload.size());
+  size_t off = 0;
+  for (int i = 0; i < 30; ++i) {
+    size_t n = i % 3 == 0 ? (1 << 20) + i : 100 + i * 37;
+    iovec v{payload.data() + off, n};
+    off += n;
+    (*c)->Write({v}, [](absl::Status) {});
+  }
+  if (d.done.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) return 5;
+  if (d.data != payload) return 6;
+  return 0;
+}
+
+int ChildCutWire() {
+  Options o;
+  o.chunk_size = 64 << 10;
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  std::promise<std::shared_ptr<Connection>> acc;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    acc.set_value(std::move(c));
+  });
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto s = acc.get_future().get();
+  Drain d(s, SIZE_MAX);
+  std::string payload = Pattern(4 << 20, 1);
+  std::promise<absl::Status> wd;
+  iovec v{payload.data(), payload.size()};
+  (*c)->Write({v}, [&](absl::Status st) { wd.set_value(st); });
+  // The wire is cut after 20 operations: both ends must see the end, not hang.
+  if (d.done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 5;
+  if (d.end.code() != absl::StatusCode::kUnavailable) return 6;
+  auto wf = wd.get_future();
+  if (wf.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 7;
+  return 0;
+}
+
+}  // namespace
+}  // namespace grpc_rdma
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && strcmp(argv[1], "--child") == 0) {
+    std::string m = argv[2];
+    uint16_t port = argc >= 4 ? static_cast<uint16_t>(atoi(argv[3])) : 0;
+    if (m == "write-forever") return grpc_rdma::ChildWriteForever(port);
+    if (m == "rogue") return grpc_rdma::ChildRogue(port);
+    if (m == "transfer") return grpc_rdma::ChildTransfer();
+    if (m == "cut-wire") return grpc_rdma::ChildCutWire();
+    return 100;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
