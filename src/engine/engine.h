@@ -16,9 +16,12 @@
 // those buffers are handed to the reader without a copy.
 //
 // Threading: one poller thread per Engine handles RDMA CM events and
-// completions; every callback (connect, accept, read, write done) runs on
-// it, with no engine lock held. Write, Read and Shutdown may be called from
-// any thread, including from callbacks.
+// completions. Callbacks (connect, accept, read, write done) run with no
+// engine lock held, on the poller thread, or at once on the calling thread
+// when the result is already there (Read with data queued, Write on a
+// closed connection): do not hold a lock the callback takes while calling
+// Read or Write. Write, Read and Shutdown may be called from any thread,
+// including from callbacks. Do not destroy the Engine from its callbacks.
 #ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_H_
 #define GRPC_RDMA_SRC_ENGINE_ENGINE_H_
 

@@ -53,21 +53,23 @@ struct Drain {
   Drain(std::shared_ptr<Connection> c, size_t w) : want(w) { Next(std::move(c)); }
   void Next(std::shared_ptr<Connection> c) {
     c->Read([this, c](absl::StatusOr<std::vector<RecvChunk>> r) {
-      std::lock_guard<std::mutex> l(mu);
-      if (finished) return;
-      if (!r.ok()) {
-        end = r.status();
-        finished = true;
-        done.set_value();
-        return;
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (finished) return;
+        if (!r.ok()) {
+          end = r.status();
+          finished = true;
+          done.set_value();
+          return;
+        }
+        for (auto& ch : *r) data.append(ch.data(), ch.size());
+        if (data.size() >= want) {
+          finished = true;
+          done.set_value();
+          return;
+        }
       }
-      for (auto& ch : *r) data.append(ch.data(), ch.size());
-      if (data.size() >= want) {
-        finished = true;
-        done.set_value();
-        return;
-      }
-      Next(c);
+      Next(c);  // not under mu: Read may run its callback at once
     });
   }
 };

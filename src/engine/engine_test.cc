@@ -53,22 +53,7 @@ class Sink {
 
  private:
   void Next() {
-    c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r) {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!r.ok()) {
-        status_ = r.status();
-        cv_.notify_all();
-        return;
-      }
-      for (RecvChunk& ch : *r) {
-        data_.append(ch.data(), ch.size());
-        zero_copy_ += ch.zero_copy();
-        if (hold_) held_.push_back(std::move(ch));
-      }
-      cv_.notify_all();
-      // Read again from a fresh stack: the engine allows Read in callbacks.
-      c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r2) { Handle(std::move(r2)); });
-    });
+    c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r) { Handle(std::move(r)); });
   }
   void Handle(absl::StatusOr<std::vector<RecvChunk>> r) {
     {
@@ -85,6 +70,7 @@ class Sink {
       }
       cv_.notify_all();
     }
+    // Not under mu_: Read may run its callback at once, on this thread.
     c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r2) { Handle(std::move(r2)); });
   }
 

@@ -264,15 +264,21 @@ in_server_ns() {
   if [ -n "$S_NS" ]; then ip netns exec "$S_NS" "$@"; else "$@"; fi
 }
 
-# wait_ready port N | wait_ready cm: waits until the server listens on TCP
-# port N (programs that exchange QP data over their own socket), or until
-# the server process owns any listening TCP socket (rdma_cm listeners).
+# wait_ready port N | wait_ready cm N: waits until the server listens on TCP
+# port N (programs that exchange QP data over their own socket), or on RDMA
+# CM port N (softverbs' TCP port N ^ 0x8000); `cm` without N: until the
+# server process owns any listening TCP socket.
 wait_ready() {
   local kind=$1 port=${2:-} i prog=""
   for ((i = 0; i < READY_TIMEOUT * 10; i++)); do
     kill -0 "$SPID" 2>/dev/null || { note "server exited before listening"; return 1; }
     if [ "$kind" = port ]; then
       in_server_ns ss -ltnH "sport = :$port" 2>/dev/null | grep -q . && return 0
+    elif [ -n "$port" ]; then
+      # softverbs serves RDMA CM port P on TCP port P ^ 0x8000
+      # (docs/softverbs.md); any other listener of the server (its QP
+      # listener) may come up first.
+      in_server_ns ss -ltnH "sport = :$((port ^ 0x8000))" 2>/dev/null | grep -q . && return 0
     else
       [ -n "$prog" ] || prog=$(pgrep -P "$SPID" 2>/dev/null | head -n 1)
       if [ -n "$prog" ] &&
