@@ -543,12 +543,14 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
   ++credits_to_return_;
 }
 
-void ConnImpl::HandleCqLocked(Deferred* d) {
-  if (!cq_) return;
+int ConnImpl::HandleCqLocked(Deferred* d) {
+  if (!cq_) return 0;
   ibv_wc wc[16];
+  int seen = 0;
   for (;;) {
     int n = ibv_poll_cq(cq_.get(), 16, wc);
     if (n <= 0) break;
+    seen += n;
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (!(wc[i].wr_id & kRecvBit)) {
@@ -585,6 +587,7 @@ void ConnImpl::HandleCqLocked(Deferred* d) {
   }
   DeliverLocked(d);
   PumpLocked(d);
+  return seen;
 }
 
 // ----------------------------------------------------------------- close ---

@@ -227,8 +227,8 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
       if (!c->closed() && c->connect_done) {
         if (!c->cm_id()->qp) return FailConnectLocked(c.get(), absl::InternalError("no QP"), d);
         wire::Hello peer;
-        bool passive = c->connect_deadline_us == 0;
-        if (!passive) {
+        c->connect_deadline_us = 0;
+        if (!c->passive()) {
           if (!ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer))
             return FailConnectLocked(
                 c.get(), absl::UnavailableError("the peer is not a grpc-rdma endpoint"), d);
@@ -263,8 +263,9 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
 
 bool EngineImpl::PollAllLocked(Deferred* d) {
   size_t before = d->size();
-  for (auto& [id, c] : conns_) c->HandleCqLocked(d);
-  return d->size() > before;
+  int seen = 0;
+  for (auto& [id, c] : conns_) seen += c->HandleCqLocked(d);
+  return seen > 0 || d->size() > before;
 }
 
 void EngineImpl::PollerMain() {
@@ -273,21 +274,26 @@ void EngineImpl::PollerMain() {
   uint64_t last_active = NowMicros();
   epoll_event evs[64];
   for (;;) {
-    int timeout = 100;
+    // Idle: block until an armed CQ, the CM or a wake-up says something
+    // (no periodic wake-ups: an idle connection costs nothing).
+    int timeout = -1;
     if (busy || (adaptive && NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
       timeout = 0;
+    Deferred early;
     {
       std::lock_guard<std::mutex> g(mu);
       if (stop_) return;
       bool deadline = false;
       for (auto& [id, c] : conns_) deadline |= c->connect_deadline_us != 0;
-      if (deadline && timeout > 10) timeout = 10;
-      if (timeout > 0) {
-        // About to block: arm every CQ, then look once more (a completion
-        // that came in before the arm raises no event).
+      if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
+      if (timeout != 0) {
+        // About to block: arm every CQ, then look once more: a completion
+        // that came in before the arm raises no event.
         for (auto& [id, c] : conns_) c->ArmCqLocked();
+        if (PollAllLocked(&early)) timeout = 0;
       }
     }
+    for (auto& f : early) f();
     int n = epoll_wait(epfd_, evs, 64, timeout);
     Deferred d;
     {

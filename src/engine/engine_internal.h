@@ -41,7 +41,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   absl::Status SetupLocked();                   // PD, CQ, pools, QP, receives
   void SetPeerLocked(const wire::Hello& hello);  // from the handshake
   void UpLocked();
-  void HandleCqLocked(Deferred* d);             // poll the CQ dry
+  int HandleCqLocked(Deferred* d);              // polls the CQ dry; completions seen
   void ArmCqLocked();
   void PumpLocked(Deferred* d);                 // send what can be sent
   void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
@@ -49,6 +49,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   int channel_fd() const { return channel_ ? channel_->fd : -1; }
   ibv_comp_channel* channel() const { return channel_.get(); }
   rdma_cm_id* cm_id() const { return id_.get(); }
+  bool passive() const { return passive_; }
   wire::Hello MyHello() const;
 
   Engine::ConnectDone connect_done;  // client, until established

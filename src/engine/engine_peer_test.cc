@@ -192,7 +192,9 @@ TEST(EnginePeers, PeerKilledMidTransfer) {
 // then writes outside it and tries to read what it was only allowed to
 // write. Its own operations fail with access errors; the engine closes that
 // connection and says why; another connection carries on.
-TEST(EnginePeers, RoguePeerGetsAccessErrorsAndOthersCarryOn) {
+class RoguePeer : public ::testing::TestWithParam<bool> {};
+
+TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   auto se = Engine::Create(Options{});
   ASSERT_TRUE(se.ok());
   std::mutex mu;
@@ -202,7 +204,9 @@ TEST(EnginePeers, RoguePeerGetsAccessErrorsAndOthersCarryOn) {
     accepted.push_back(std::move(c));
   });
   ASSERT_TRUE(port.ok());
-  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)});
+  std::vector<std::string> env;
+  if (GetParam()) env.push_back("ROGUE_WRITE_PAST=1");
+  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, env);
   int status = 0;
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
@@ -243,6 +247,9 @@ TEST(EnginePeers, RoguePeerGetsAccessErrorsAndOthersCarryOn) {
   ASSERT_EQ(d.done.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready);
   EXPECT_TRUE(d.data == payload);
 }
+
+INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer, ::testing::Bool(),
+                         [](const auto& i) { return i.param ? "WritePastGrant" : "ReadGrant"; });
 
 void RunWithKnobs(const std::vector<std::string>& env, const char* mode) {
   pid_t child = Spawn({"--child", mode}, env);
@@ -370,14 +377,16 @@ int ChildRogue(uint16_t port) {
     usleep(1000);
   }
   if (!got) return 13;
-  // 1. Read the granted buffer (it is write-only) -> remote access error.
+  // Read the granted buffer (it is write-only), or write just past it:
+  // either way a remote access error, and the engine's QP stops.
+  bool write_past = getenv("ROGUE_WRITE_PAST") != nullptr;
   ibv_sge rs{reinterpret_cast<uint64_t>(mem.data()), 64, mr->lkey};
   ibv_send_wr r{}, *rbad;
   r.sg_list = &rs;
   r.num_sge = 1;
-  r.opcode = IBV_WR_RDMA_READ;
+  r.opcode = write_past ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
   r.send_flags = IBV_SEND_SIGNALED;
-  r.wr.rdma.remote_addr = cts.a;
+  r.wr.rdma.remote_addr = write_past ? cts.a + cts.len - 32 : cts.a;
   r.wr.rdma.rkey = cts.rkey;
   r.wr_id = 99;
   ibv_post_send(id->qp, &r, &rbad);
@@ -391,7 +400,8 @@ int ChildRogue(uint16_t port) {
     usleep(1000);
   }
   if (read_status != IBV_WC_REM_ACCESS_ERR) {
-    fprintf(stderr, "rogue: read of a granted buffer: %s\n", ibv_wc_status_str(read_status));
+    fprintf(stderr, "rogue: %s: %s\n", write_past ? "write past the grant" : "read of a grant",
+            ibv_wc_status_str(read_status));
     return 14;
   }
   return 0;  // the QP is now in error; the engine must have closed its side
