@@ -23,19 +23,14 @@
 
 #include "config/config.h"
 #include "engine/engine.h"
+#include "engine/testing.h"
 
 using namespace grpc_rdma;
+using grpc_rdma::testing::Loopback;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-sockaddr_in Loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  return a;
-}
 
 [[noreturn]] void Die(const std::string& what) {
   fprintf(stderr, "engine_bench: %s\n", what.c_str());

@@ -264,24 +264,27 @@ void ConnImpl::CopyOut(WriteOp& op, size_t offset, char* to, size_t len) {
   }
 }
 
-// Coalesces the small writes at the head of the queue into one SEND.
-bool ConnImpl::SendEagerLocked(Deferred* d) {
-  absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(peer_acc_ + wire::kHeaderBytes);
+PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d) {
+  absl::StatusOr<PinnedBuffer*> b = pool.Get(size);
   if (!b.ok()) {
     CloseLocked(b.status(), d, true);
-    return false;
+    return nullptr;
   }
-  if (*b == nullptr) {
-    if (!waiting_budget_) {
-      waiting_budget_ = true;
-      engine_->budget.NotifyWhenAvailable(peer_acc_ + wire::kHeaderBytes,
-                                          [w = std::weak_ptr<EngineImpl>(engine_)] {
-                                            if (auto e = w.lock()) e->Wake();
-                                          });
-    }
-    return false;  // backpressure: the writes wait for pinned memory
+  if (*b == nullptr && !waiting_budget_) {
+    // Backpressure: the poller runs this connection again when pinned
+    // memory comes back.
+    waiting_budget_ = true;
+    engine_->budget.NotifyWhenAvailable(size, [w = std::weak_ptr<EngineImpl>(engine_)] {
+      if (auto e = w.lock()) e->Wake();
+    });
   }
-  PinnedBuffer* buf = *b;
+  return *b;
+}
+
+// Coalesces the small writes at the head of the queue into one SEND.
+bool ConnImpl::SendEagerLocked(Deferred* d) {
+  PinnedBuffer* buf = GetOrWaitLocked(*local_pool_, peer_acc_ + wire::kHeaderBytes, d);
+  if (buf == nullptr) return false;
   char* p = buf->data + wire::kHeaderBytes;
   size_t len = 0;
   int ops = 0;
@@ -328,24 +331,12 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
 // Writes one granted chunk of the rendezvous at the head of the queue.
 bool ConnImpl::WriteChunkLocked(Deferred* d) {
   OutGrant g = out_grants_.front();
-  absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(g.len);
-  if (!b.ok()) {
-    CloseLocked(b.status(), d, true);
-    return false;
-  }
-  if (*b == nullptr) {
-    if (!waiting_budget_) {
-      waiting_budget_ = true;
-      engine_->budget.NotifyWhenAvailable(g.len, [w = std::weak_ptr<EngineImpl>(engine_)] {
-        if (auto e = w.lock()) e->Wake();
-      });
-    }
-    return false;
-  }
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
+  if (b == nullptr) return false;
   out_grants_.pop_front();
   WriteOp& op = writes_.front();
-  CopyOut(op, g.offset, (*b)->data, g.len);
-  ibv_sge sge{reinterpret_cast<uint64_t>((*b)->data), g.len, (*b)->reg.lkey};
+  CopyOut(op, g.offset, b->data, g.len);
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), g.len, b->reg.lkey};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++;
   wr.sg_list = &sge;
@@ -356,11 +347,11 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   wr.wr.rdma.remote_addr = g.addr;
   wr.wr.rdma.rkey = g.rkey;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
-    local_pool_->Put(*b);
+    local_pool_->Put(b);
     CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
     return false;
   }
-  inflight_[wr.wr_id] = *b;
+  inflight_[wr.wr_id] = b;
   --peer_credits_;
   op.copied += g.len;
   stats_.bytes_sent += g.len;
@@ -379,7 +370,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
   // the two sides can never both wait for credits.
   for (;;) {
     if (state_ != State::kUp) return;
-    IssueGrantsLocked();
+    IssueGrantsLocked(d);
     if (state_ != State::kUp) return;
     if (!out_grants_.empty() && peer_credits_ >= 2) {
       if (!WriteChunkLocked(d)) break;
@@ -414,35 +405,26 @@ void ConnImpl::PumpLocked(Deferred* d) {
 
 // ----------------------------------------------------------- receive path ---
 
-void ConnImpl::IssueGrantsLocked() {
+void ConnImpl::IssueGrantsLocked(Deferred* d) {
   const Options& o = engine_->options;
   while (in_active_ && in_granted_ < in_total_ &&
          static_cast<int>(landings_.size()) < o.chunks_in_flight && peer_credits_ >= 2) {
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, in_total_ - in_granted_));
-    absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
-    if (!b.ok() || *b == nullptr) {
-      // Backpressure: granted again when pinned memory comes back.
-      if (!waiting_budget_) {
-        waiting_budget_ = true;
-        engine_->budget.NotifyWhenAvailable(len, [w = std::weak_ptr<EngineImpl>(engine_)] {
-          if (auto e = w.lock()) e->Wake();
-        });
-      }
-      return;
-    }
+    PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
+    if (buf == nullptr) return;  // granted again when pinned memory comes back
     uint32_t id = next_grant_++;
     wire::Header h{};
     h.type = wire::kCts;
     h.len = len;
-    h.a = reinterpret_cast<uint64_t>((*b)->data);
-    h.rkey = (*b)->reg.rkey;
+    h.a = reinterpret_cast<uint64_t>(buf->data);
+    h.rkey = buf->reg.rkey;
     h.grant = id;
     h.offset = in_granted_;
     if (!SendControlLocked(h)) {
-      remote_pool_->Put(*b);
+      remote_pool_->Put(buf);
       return;
     }
-    landings_[id] = Landing{*b, len};
+    landings_[id] = Landing{buf, len};
     in_granted_ += len;
   }
 }

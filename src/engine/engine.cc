@@ -30,6 +30,19 @@ namespace {
 // connection's completion channel is tagged with its CM id.
 constexpr uint64_t kTagCm = 1, kTagWake = 2;
 
+// Our connect/accept parameters: the Hello as private data, and infinite
+// RNR retry (credits keep receives posted; a wait is never an error).
+rdma_conn_param ConnParam(const wire::Hello* hello) {
+  rdma_conn_param p{};
+  p.private_data = hello;
+  p.private_data_len = sizeof(*hello);
+  p.responder_resources = 1;
+  p.initiator_depth = 1;
+  p.rnr_retry_count = 7;
+  p.retry_count = 7;
+  return p;
+}
+
 bool ValidHello(const void* data, size_t len, wire::Hello* out) {
   if (data == nullptr || len < sizeof(wire::Hello)) return false;
   memcpy(out, data, sizeof(*out));
@@ -178,13 +191,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   c->SetPeerLocked(peer);
   WatchLocked(c.get());
   wire::Hello mine = c->MyHello();
-  rdma_conn_param p{};
-  p.private_data = &mine;
-  p.private_data_len = sizeof(mine);
-  p.responder_resources = 1;
-  p.initiator_depth = 1;
-  p.rnr_retry_count = 7;
-  p.retry_count = 7;
+  rdma_conn_param p = ConnParam(&mine);
   if (rdma_accept(e->id, &p) != 0) {
     c->CloseLocked(CheckErrno(true, "rdma_accept"), d, false);
     conns_.erase(e->id);
@@ -212,13 +219,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
       if (!s.ok()) return FailConnectLocked(c.get(), s, d);
       WatchLocked(c.get());
       wire::Hello mine = c->MyHello();
-      rdma_conn_param p{};
-      p.private_data = &mine;
-      p.private_data_len = sizeof(mine);
-      p.responder_resources = 1;
-      p.initiator_depth = 1;
-      p.rnr_retry_count = 7;
-      p.retry_count = 7;
+      rdma_conn_param p = ConnParam(&mine);
       if (rdma_connect(e->id, &p) != 0)
         FailConnectLocked(c.get(), CheckErrno(true, "rdma_connect"), d);
       return;

@@ -79,7 +79,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool SendControlLocked(wire::Header h);  // inline SEND
   bool SendEagerLocked(Deferred* d);
   bool WriteChunkLocked(Deferred* d);
-  void IssueGrantsLocked();
+  void IssueGrantsLocked(Deferred* d);
+  // A buffer, or nullptr: closed on error, or waiting for pinned memory.
+  PinnedBuffer* GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d);
   void DeliverLocked(Deferred* d);
   void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
   void Violation(const char* what, Deferred* d);

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "engine/engine.h"
+#include "engine/testing.h"
 #include "engine/wire.h"
 
 extern char** environ;
@@ -24,23 +25,10 @@ extern char** environ;
 namespace grpc_rdma {
 namespace {
 
-sockaddr_in Loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  return a;
-}
+using testing::Loopback;
+using testing::Pattern;
 
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  uint32_t x = seed * 2654435761u + 7;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1103515245u + 12345u;
-    s[i] = static_cast<char>(x >> 16);
-  }
-  return s;
-}
+
 
 // Reads a connection until `want` bytes or the end; returns what came and how it ended.
 struct Drain {

@@ -1,5 +1,6 @@
 // The engine over softverbs: two engines (client and server) in one process.
 #include "engine/engine.h"
+#include "engine/testing.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -13,13 +14,9 @@
 namespace grpc_rdma {
 namespace {
 
-sockaddr_in Loopback(uint16_t port) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  return a;
-}
+using testing::Loopback;
+using testing::Pattern;
+
 
 // Collects everything read from a connection.
 class Sink {
@@ -84,15 +81,6 @@ class Sink {
   size_t zero_copy_ = 0;
 };
 
-std::string Pattern(size_t n, uint32_t seed) {
-  std::string s(n, '\0');
-  uint32_t x = seed * 2654435761u + 7;
-  for (size_t i = 0; i < n; ++i) {
-    x = x * 1103515245u + 12345u;
-    s[i] = static_cast<char>(x >> 16);
-  }
-  return s;
-}
 
 struct Pair {
   std::unique_ptr<Engine> server, client;
