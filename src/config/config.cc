@@ -185,7 +185,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   p.Size("TF_RDMA_ACC_SIZE", kMinAcc, kMaxAcc, &o.acc_size);
   p.Size("TF_RDMA_BUF_SIZE", 1, kMaxBuf, &o.buf_size);
   p.Int("TF_RDMA_CHUNKS_IN_FLIGHT", 1, 64, &o.chunks_in_flight, "chunks");
-  p.Int("TF_RDMA_EAGER_DEPTH", 2, 4096, &o.eager_depth, "buffers");
+  p.Int("TF_RDMA_EAGER_DEPTH", 3, 4096, &o.eager_depth, "buffers");
   p.Enum<PollMode>("TF_RDMA_POLL_MODE",
                    {{"adaptive", PollMode::kAdaptive},
                     {"busy", PollMode::kBusy},
@@ -216,7 +216,7 @@ absl::Status ValidateOptions(const Options& o) {
   range("acc_size", o.acc_size, kMinAcc, kMaxAcc);
   range("buf_size", o.buf_size, 1, kMaxBuf);
   range("chunks_in_flight", static_cast<uint64_t>(o.chunks_in_flight), 1, 64);
-  range("eager_depth", static_cast<uint64_t>(o.eager_depth), 2, 4096);
+  range("eager_depth", static_cast<uint64_t>(o.eager_depth), 3, 4096);
   range("spin_us", static_cast<uint64_t>(o.spin_us), 0, 1000000);
   range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
   range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);

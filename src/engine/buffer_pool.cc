@@ -43,6 +43,11 @@ uint64_t PinnedBudget::used() const {
   return used_;
 }
 
+bool PinnedBudget::pressured() const {
+  absl::MutexLock l(&mu_);
+  return !waiters_.empty() || used_ > cap_ / 4 * 3;
+}
+
 uint64_t PinnedBudget::peak() const {
   absl::MutexLock l(&mu_);
   return peak_;
@@ -113,10 +118,21 @@ absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
 }
 
 void BufferPool::Put(PinnedBuffer* b) {
-  absl::MutexLock l(&mu_);
-  --outstanding_;
-  free_[ClassIndex(b->size)].push_back(b);
-  cached_bytes_ += b->size;
+  bool free_it = budget_->pressured();
+  {
+    absl::MutexLock l(&mu_);
+    --outstanding_;
+    if (!free_it) {
+      free_[ClassIndex(b->size)].push_back(b);
+      cached_bytes_ += b->size;
+      return;
+    }
+  }
+  registrar_.dereg(b->reg);
+  std::free(b->data);
+  uint64_t size = b->size;
+  delete b;
+  budget_->Release(size);  // may run waiters: no lock held here
 }
 
 void BufferPool::Trim(uint64_t keep_bytes) {

@@ -48,6 +48,10 @@ class PinnedBudget {
 
   uint64_t cap() const { return cap_; }
   uint64_t used() const;
+  // True while someone waits for memory or more than 3/4 is in use: pools
+  // then free returned buffers instead of caching them, so one pool's cache
+  // never starves another.
+  bool pressured() const;
   uint64_t peak() const;
 
  private:
@@ -95,7 +99,8 @@ class BufferPool {
   // backpressure, see PinnedBudget::NotifyWhenAvailable. An error only if
   // registration itself fails.
   absl::StatusOr<PinnedBuffer*> Get(size_t size);
-  // Takes the buffer back into the cache.
+  // Takes the buffer back: into the cache, or freed (its bytes back to the
+  // budget) when the budget is under pressure.
   void Put(PinnedBuffer* b);
   // Frees cached buffers (returning their bytes to the budget) until at most
   // `keep_bytes` stay cached.

@@ -88,15 +88,34 @@ TEST(BufferPool, ExhaustionIsBackpressureNotAnError) {
   EXPECT_EQ(*none, nullptr) << "but no buffer";
   bool woken = false;
   budget.NotifyWhenAvailable(16 << 10, [&] { woken = true; });
+  EXPECT_TRUE(budget.pressured());
   pool.Put(held.back());
   held.pop_back();
-  EXPECT_FALSE(woken) << "cached, still counted";
-  pool.Trim();
-  EXPECT_TRUE(woken) << "trimming releases budget and wakes the waiter";
+  EXPECT_TRUE(woken) << "under pressure a returned buffer is freed, not cached";
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  EXPECT_EQ(budget.used(), 48u << 10);
   auto again = pool.Get(16 << 10);
   ASSERT_TRUE(again.ok() && *again != nullptr);
   held.push_back(*again);
   for (PinnedBuffer* b : held) pool.Put(b);
+}
+
+TEST(BufferPool, OneCacheNeverStarvesAnotherPool) {
+  PinnedBudget budget(64 << 10);
+  FakeReg reg;
+  BufferPool a(&budget, reg.Get(), 64 << 10), b(&budget, reg.Get(), 64 << 10);
+  auto big = a.Get(64 << 10);
+  ASSERT_TRUE(big.ok() && *big);
+  auto none = b.Get(4096);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, nullptr) << "all memory is with pool a";
+  bool woken = false;
+  budget.NotifyWhenAvailable(4096, [&] { woken = true; });
+  a.Put(*big);  // pressure: freed, not cached in a
+  EXPECT_TRUE(woken);
+  auto now = b.Get(4096);
+  ASSERT_TRUE(now.ok() && *now) << "pool b gets the memory pool a gave back";
+  b.Put(*now);
 }
 
 TEST(BufferPool, OtherClassesAreTrimmedToMakeRoom) {

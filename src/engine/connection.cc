@@ -105,6 +105,7 @@ absl::Status ConnImpl::SetupLocked() {
   a.cap.max_send_sge = a.cap.max_recv_sge = 1;
   a.cap.max_inline_data = kInline;
   ASSIGN_OR_RETURN(qp_, CreateQp(id_.get(), pd_.get(), a));
+  sq_free_ = static_cast<int>(a.cap.max_send_wr);
   recv_bufs_.assign(o.eager_depth, nullptr);
   for (int i = 0; i < o.eager_depth; ++i) {
     absl::StatusOr<PinnedBuffer*> b = local_pool_->Get(o.acc_size + wire::kHeaderBytes);
@@ -235,8 +236,9 @@ uint16_t ConnImpl::TakeCreditsLocked() {
 }
 
 bool ConnImpl::SendControlLocked(wire::Header h) {
+  if (sq_free_ <= 0) return false;
   h.version = static_cast<uint8_t>(wire::kVersion);
-  h.credits = TakeCreditsLocked();
+  h.credits = static_cast<uint16_t>(credits_to_return_);
   ibv_sge sge{reinterpret_cast<uint64_t>(&h), sizeof(h), 0};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++;
@@ -245,7 +247,9 @@ bool ConnImpl::SendControlLocked(wire::Header h) {
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return false;
+  credits_to_return_ = 0;  // only once they are on their way
   --peer_credits_;
+  --sq_free_;
   return true;
 }
 
@@ -272,11 +276,15 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
   }
   if (*b == nullptr && !waiting_budget_) {
     // Backpressure: the poller runs this connection again when pinned
-    // memory comes back.
+    // memory comes back. One waiter at a time, for the size Get reserves.
     waiting_budget_ = true;
-    engine_->budget.NotifyWhenAvailable(size, [w = std::weak_ptr<EngineImpl>(engine_)] {
-      if (auto e = w.lock()) e->Wake();
-    });
+    engine_->budget.NotifyWhenAvailable(
+        BufferPool::ClassFor(size), [w = std::weak_ptr<ConnImpl>(weak_from_this())] {
+          if (auto c = w.lock()) {
+            c->budget_woken_ = true;
+            c->engine_->Wake();
+          }
+        });
   }
   return *b;
 }
@@ -322,6 +330,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   }
   inflight_[wr.wr_id] = buf;
   --peer_credits_;
+  --sq_free_;
   stats_.bytes_sent += len;
   ++stats_.eager_messages;
   if (ops > 1) stats_.coalesced_writes += ops;
@@ -353,6 +362,7 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   }
   inflight_[wr.wr_id] = b;
   --peer_credits_;
+  --sq_free_;
   op.copied += g.len;
   stats_.bytes_sent += g.len;
   if (op.copied == op.total) {
@@ -365,13 +375,14 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
 }
 
 void ConnImpl::PumpLocked(Deferred* d) {
-  waiting_budget_ = false;
+  if (budget_woken_.exchange(false)) waiting_budget_ = false;
   // Credit rule: one of the peer's receives stays for credit updates, so
   // the two sides can never both wait for credits.
   for (;;) {
     if (state_ != State::kUp) return;
     IssueGrantsLocked(d);
     if (state_ != State::kUp) return;
+    if (sq_free_ <= 0) break;  // completions will free slots and pump again
     if (!out_grants_.empty() && peer_credits_ >= 2) {
       if (!WriteChunkLocked(d)) break;
       continue;
@@ -396,10 +407,11 @@ void ConnImpl::PumpLocked(Deferred* d) {
   }
   // Nothing to say but credits, and the peer may be waiting for them.
   if (state_ == State::kUp && peer_credits_ >= 1 &&
-      credits_to_return_ >= std::max(1, engine_->options.eager_depth / 4)) {
+      credits_to_return_ >= std::max(2, engine_->options.eager_depth / 4)) {
     wire::Header h{};
     h.type = wire::kCredit;
     if (SendControlLocked(h)) ++stats_.credit_messages;
+    else if (sq_free_ > 0) CloseLocked(absl::InternalError("ibv_post_send(CREDIT) failed"), d, true);
   }
 }
 
@@ -422,6 +434,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     h.offset = in_granted_;
     if (!SendControlLocked(h)) {
       remote_pool_->Put(buf);
+      if (sq_free_ > 0) CloseLocked(absl::InternalError("ibv_post_send(CTS) failed"), d, true);
       return;
     }
     landings_[id] = Landing{buf, len};
@@ -508,8 +521,10 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     std::shared_ptr<BufferPool> pool = remote_pool_;
     std::shared_ptr<EngineImpl> eng = engine_;  // the pool's budget lives there
     // Back to the pool (thread-safe), and wake the poller: a transfer may
-    // be waiting for a buffer to grant.
-    ready_.push_back(RecvChunk::Lent(land.buf->data, land.len, [pool, buf, eng] {
+    // be waiting for a buffer to grant. Captures are destroyed in reverse
+    // order: `eng` is listed first so the pool (whose destructor releases
+    // into the engine's budget) always goes before the engine.
+    ready_.push_back(RecvChunk::Lent(land.buf->data, land.len, [eng, pool, buf] {
       pool->Put(buf);
       eng->Wake();
     }));
@@ -534,6 +549,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
     if (n <= 0) break;
     seen += n;
     for (int i = 0; i < n; ++i) {
+      if (!(wc[i].wr_id & kRecvBit)) ++sq_free_;  // every send is signalled
       if (wc[i].status != IBV_WC_SUCCESS) {
         if (!(wc[i].wr_id & kRecvBit)) {
           auto it = inflight_.find(wc[i].wr_id);
@@ -587,7 +603,8 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
   writes_.clear();
   out_grants_.clear();
   DeliverLocked(d);
-  if (disconnect && was_up && id_) rdma_disconnect(id_.get());
+  // A server connection is connected from rdma_accept on, before it is up.
+  if (disconnect && (was_up || accepted) && id_) rdma_disconnect(id_.get());
   if (connect_done) {
     Engine::ConnectDone cb = std::move(connect_done);
     connect_done = nullptr;

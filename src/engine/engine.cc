@@ -47,7 +47,8 @@ bool ValidHello(const void* data, size_t len, wire::Hello* out) {
   if (data == nullptr || len < sizeof(wire::Hello)) return false;
   memcpy(out, data, sizeof(*out));
   return out->magic == wire::kMagic && out->version == wire::kVersion &&
-         out->eager_depth >= 2 && out->acc_size >= 64 && out->acc_size <= (1u << 20);
+         out->eager_depth >= 3 && out->eager_depth <= 4096 && out->acc_size >= 64 &&
+         out->acc_size <= (1u << 20);
 }
 
 }  // namespace
@@ -200,8 +201,9 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   }
   // Remember which listener: ESTABLISHED hands the connection to it.
   c->connect_deadline_us = 0;
-  c->connect_done = [this, li](absl::StatusOr<std::shared_ptr<Connection>> r) {
-    if (r.ok()) accept_fns_[li - 1](*r);
+  c->accepted = true;
+  c->connect_done = [fn = accept_fns_[li - 1]](absl::StatusOr<std::shared_ptr<Connection>> r) {
+    if (r.ok()) fn(*r);
   };
 }
 
@@ -255,6 +257,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
                                               " (status ", e->status, ")")),
           d);
     case RDMA_CM_EVENT_DISCONNECTED:
+      c->HandleCqLocked(d);  // what arrived before the disconnect is the stream's tail
       c->CloseLocked(absl::UnavailableError("RDMA connection closed by the peer"), d, false);
       return FailConnectLocked(c.get(), absl::UnavailableError("disconnected"), d);
     default:

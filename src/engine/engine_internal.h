@@ -4,6 +4,7 @@
 #ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
 #define GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -53,6 +54,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   wire::Hello MyHello() const;
 
   Engine::ConnectDone connect_done;  // client, until established
+  bool accepted = false;             // server: rdma_accept done
   uint64_t connect_deadline_us = 0;
 
  private:
@@ -120,6 +122,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::map<uint32_t, Landing> landings_;
   uint32_t next_grant_ = 1;
   bool waiting_budget_ = false;
+  std::atomic<bool> budget_woken_{false};  // set by the budget's wake-up
+  int sq_free_ = 0;                         // send queue slots not in use
   // Reader side.
   std::deque<RecvChunk> ready_;
   ReadDone pending_read_;
