@@ -505,6 +505,20 @@ __attribute__((constructor)) void InstallHooks() {
   SetCmHooks(CmHooks{OnListener, OnCtl, OnLinkDead, OnDisconnectFrame, OnTimers});
 }
 
+// The fields REQ and REP share, from the application's parameters (whose
+// private data length was checked against the message's limit already).
+template <typename Msg>
+void CopyParam(const rdma_conn_param& p, Msg* m) {
+  m->responder_resources = p.responder_resources;
+  m->initiator_depth = p.initiator_depth;
+  m->flow_control = p.flow_control;
+  m->rnr_retry_count = p.rnr_retry_count;
+  m->srq = p.srq;
+  m->pdata_len = p.private_data_len;
+  if (p.private_data_len > 0 && p.private_data != nullptr)
+    memcpy(m->pdata, p.private_data, p.private_data_len);
+}
+
 int Fail(int e) {
   errno = e;
   return -1;
@@ -831,15 +845,8 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
     }
     r.src_port = ntohs(s.sin_port);
     if (param != nullptr) {
-      r.responder_resources = param->responder_resources;
-      r.initiator_depth = param->initiator_depth;
-      r.flow_control = param->flow_control;
+      CopyParam(*param, &r);
       r.retry_count = param->retry_count;
-      r.rnr_retry_count = param->rnr_retry_count;
-      r.srq = param->srq;
-      r.pdata_len = param->private_data_len;
-      if (param->private_data_len > 0 && param->private_data != nullptr)
-        memcpy(r.pdata, param->private_data, param->private_data_len);
       if (qp != nullptr && qp->cm_managed) {
         qp->rnr_retry = param->rnr_retry_count > 7 ? 7 : param->rnr_retry_count;
         qp->retry_cnt = param->retry_count > 7 ? 7 : param->retry_count;
@@ -879,14 +886,7 @@ int rdma_accept(rdma_cm_id* cid, rdma_conn_param* param) {
     mine.retry_count = 7;
     if (param != nullptr) {
       mine = *param;
-      r.responder_resources = param->responder_resources;
-      r.initiator_depth = param->initiator_depth;
-      r.flow_control = param->flow_control;
-      r.rnr_retry_count = param->rnr_retry_count;
-      r.srq = param->srq;
-      r.pdata_len = param->private_data_len;
-      if (param->private_data_len > 0 && param->private_data != nullptr)
-        memcpy(r.pdata, param->private_data, param->private_data_len);
+      CopyParam(*param, &r);
     }
     // On IB the REQ's RNR retry count governs what this side sends.
     mine.rnr_retry_count = id->peer.rnr_retry_count;

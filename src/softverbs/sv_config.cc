@@ -204,23 +204,27 @@ uint64_t NowUs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
+namespace {
+void Log(const char* fmt, va_list ap) {
+  char buf[512];
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  fprintf(stderr, "softverbs[%d]: %s\n", getpid(), buf);
+}
+}  // namespace
+
 void Trace(const char* fmt, ...) {
   if (!GetConfig().trace) return;
-  char buf[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  Log(fmt, ap);
   va_end(ap);
-  fprintf(stderr, "softverbs[%d]: %s\n", getpid(), buf);
 }
 
 void Warn(const char* fmt, ...) {
-  char buf[512];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  Log(fmt, ap);
   va_end(ap);
-  fprintf(stderr, "softverbs[%d]: %s\n", getpid(), buf);
 }
 
 // ----------------------------------------------------------------- stats ---
