@@ -116,7 +116,33 @@ NS_ADDR_A="10.210.$NET_OCTET.1"
 NS_ADDR_B="10.210.$NET_OCTET.2"
 NS_STATE=none          # none | up | failed
 NS_ERROR=""
-BASE_PORT=$(( 20000 + ($$ % 300) * 120 ))   # 3 x 36 ports per run
+# Ports.  Every port a case listens on stays out of Linux's ephemeral range
+# (32768-60999 by default), where any outgoing connection on the machine may
+# hold it at the moment the server binds ("Couldn't listen to port").  Cases
+# whose server listens on TCP itself take ports from 20000-28199; rdma_cm
+# cases take CM ports from 28232-32767, which softverbs serves on TCP ports
+# P ^ 0x8000 = 61000-65535.  Concurrent runs (ctest -j) run different cases,
+# and each case has its own index, so they never share a port.
+PORT_SLOT=$(( $$ % 36 ))   # ranges hold 36 slots of 3 x ${#ALL_CASES[@]} ports
+case_port() {  # CASE ATTEMPT(0..2): prints the port to use
+  local idx n=${#ALL_CASES[@]} base p
+  idx=$(case_index "$1") || return 1
+  case "$1" in
+    *-rping-*|*-R) base=28232 ;;
+    *) base=20000 ;;
+  esac
+  p=$(( base + (PORT_SLOT * 3 + $2) * n + idx ))
+  # A port still taken (another program, TIME_WAIT) moves on by a slot.
+  local tries=0
+  while [ $tries -lt 36 ] && port_taken "$p"; do
+    p=$(( base + ((p - base + 3 * n) % (36 * 3 * n)) ))
+    tries=$((tries + 1))
+  done
+  echo "$p"
+}
+port_taken() {  # PORT: true when it, or its softverbs CM twin, is in use here
+  ss -tanH "( sport = :$1 or sport = :$(( $1 ^ 0x8000 )) )" 2>/dev/null | grep -q .
+}
 
 cleanup() {
   local p
@@ -535,7 +561,7 @@ case_perftest() {  # $1 = program, $2 = -R or empty
     note "attempt $attempt lost perftest's own -R listen race (data connect REJECTED status 8, then client status $CRC; perftest bug, see script), retried"
     REASONS=(); NO_STATS_REPORTED=""
     attempt=$((attempt + 1))
-    PORT=$(( BASE_PORT + (attempt - 1) * ${#ALL_CASES[@]} + $(case_index "$CASE") ))
+    PORT=$(case_port "$CASE" $((attempt - 1)))
     perftest_attempt "$prog" "$rdmacm"
   done
   note "client: $PERF_ROW"
@@ -547,7 +573,7 @@ run_case() {
   CASE_DIR="$TMP_DIR/$CASE"
   mkdir -p "$CASE_DIR"
   REASONS=(); NOTES=(); NO_STATS_REPORTED=""
-  PORT=$(( BASE_PORT + $(case_index "$CASE") ))
+  PORT=$(case_port "$CASE" 0)
   local env=${CASE%%-*} test=${CASE#*-} t0 t1
   t0=$(date +%s%N)
   if ! setup_env "$env"; then
