@@ -561,8 +561,13 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
         // Any error while open, a flush included, means the QP is dead
         // (the peer died, or broke a rule and the HCA stopped the QP).
         if (state_ != State::kClosed) {
-          fprintf(stderr, "grpc_rdma: connection %s: %s; closing it\n", peer_.c_str(),
-                  ibv_wc_status_str(wc[i].status));
+          // A flush is what a QP that went to error does with the rest of
+          // its work (the peer closed or died): the close says so, the log
+          // need not. Any other error is news.
+          if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+            fprintf(stderr, "grpc_rdma: connection %s: %s; closing it\n", peer_.c_str(),
+                    ibv_wc_status_str(wc[i].status));
+          }
           CloseLocked(absl::UnavailableError(absl::StrCat("RDMA completion error: ",
                                                           ibv_wc_status_str(wc[i].status))),
                       d, true);

@@ -154,6 +154,21 @@ absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::Acc
   return port;
 }
 
+void EngineImpl::StopListening(uint16_t port) {
+  std::vector<CmId> gone;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      if (listeners_[i] && ntohs(rdma_get_src_port(listeners_[i].get())) == port) {
+        gone.push_back(std::move(listeners_[i]));
+        accept_fns_[i] = nullptr;
+      }
+    }
+  }
+  // Destroyed without the lock: rdma_destroy_id waits until the poller has
+  // acknowledged every event of the id, and the poller takes the lock.
+}
+
 void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
   if (!s.ok() && s.code() != absl::StatusCode::kUnavailable)
     s = absl::UnavailableError(s.message());
@@ -170,7 +185,7 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
 void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   size_t li = reinterpret_cast<size_t>(e->listen_id->context);
   wire::Hello peer;
-  if (li == 0 || li > listeners_.size() ||
+  if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] ||
       !ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer)) {
     fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's\n");
     rdma_reject(e->id, nullptr, 0);
@@ -371,6 +386,8 @@ void Engine::Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done) 
 absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_accept) {
   return impl_->Listen(addr, std::move(on_accept));
 }
+
+void Engine::StopListening(uint16_t port) { impl_->StopListening(port); }
 
 const Options& Engine::options() const { return impl_->options; }
 

@@ -119,6 +119,10 @@ class Engine {
   // Listens on `addr` (port 0: any); returns the port. `on_accept` runs on
   // the poller for each established connection.
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, AcceptFn on_accept);
+  // Stops accepting on `port`: later connection requests are refused and
+  // connections already made carry on. A connection accepted just before
+  // may still reach that listener's `on_accept` afterwards.
+  void StopListening(uint16_t port);
 
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections

@@ -142,6 +142,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
+  void StopListening(uint16_t port);
 
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();
