@@ -61,6 +61,9 @@ struct Options {
   // address that had no RDMA goes straight to TCP.
   Fallback fallback = Fallback::kTcp;
   int fallback_ttl_s = 30;
+  // TF_RDMA_STATS: where the stats go when the process exits: empty (the
+  // default) for nowhere, "stderr", or a file path (written anew).
+  std::string stats_dump;
 };
 
 }  // namespace grpc_rdma

@@ -131,6 +131,17 @@ class Parser {
     o->device_explicit = true;
   }
 
+  void Destination(const char* name, std::string* field) {
+    auto v = lookup_(name);
+    if (!v) return;
+    std::string s(absl::StripAsciiWhitespace(*v));
+    if (s.find('\0') != std::string::npos || s.size() > 4096) {
+      Bad(name, *v, "expected stderr or a file path");
+      return;
+    }
+    *field = s;
+  }
+
   void Add(std::string problem) { problems_.push_back(std::move(problem)); }
 
   absl::Status Result() const {
@@ -196,6 +207,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   p.Enum<Fallback>("TF_RDMA_FALLBACK", {{"tcp", Fallback::kTcp}, {"none", Fallback::kNone}},
                    &o.fallback);
   p.Int("TF_RDMA_FALLBACK_TTL_S", 0, 86400, &o.fallback_ttl_s, "seconds");
+  p.Destination("TF_RDMA_STATS", &o.stats_dump);
   absl::Status s = p.Result();
   if (!s.ok()) return s;  // relations between bad values would only add noise
   Relations(o, &p);
