@@ -1,0 +1,183 @@
+// The client side: gRPC's TCP client vtable, replaced. Each connect tries
+// RDMA CM first (IPv4 addresses, within TF_RDMA_CONNECT_TIMEOUT_MS and the
+// call's deadline) and otherwise hands the very same request to gRPC's own
+// TCP client, which then completes it.
+#include <arpa/inet.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "glue/endpoint.h"
+#include "glue/runtime.h"
+#include "glue/stats.h"
+#include "glue/trace.h"
+#include "src/core/lib/event_engine/channel_args_endpoint_config.h"
+#include "src/core/lib/iomgr/exec_ctx.h"
+
+namespace grpc_rdma {
+namespace {
+
+using grpc_event_engine::experimental::ChannelArgsEndpointConfig;
+using grpc_event_engine::experimental::EndpointConfig;
+
+// One connect request. Handles the plugin gives out have bit 62 set, so
+// they never collide with the TCP client's own.
+struct Attempt {
+  int64_t handle = 0;
+  grpc_closure* on_connect = nullptr;
+  grpc_endpoint** endpoint = nullptr;
+  grpc_pollset_set* interested_parties = nullptr;
+  ChannelArgsEndpointConfig config;  // a copy: the caller's is a temporary
+  grpc_resolved_address addr;
+  grpc_core::Timestamp deadline;
+  std::string key;  // "ip:port"
+  bool tcp = false;        // handed to gRPC's TCP client
+  int64_t tcp_handle = 0;  // its handle (0: it completes without one)
+  grpc_closure tcp_done;
+};
+
+constexpr int64_t kHandleBit = int64_t{1} << 62;
+
+struct Pending {
+  std::mutex mu;
+  std::map<int64_t, std::shared_ptr<Attempt>> attempts;
+  std::atomic<int64_t> next{1};
+};
+
+Pending& P() {
+  static auto* p = new Pending;
+  return *p;
+}
+
+// gRPC's TCP client finished an attempt we handed it. `arg` stays alive
+// until here: the attempt leaves the map only here or when a cancel
+// succeeded (and then this does not run).
+void OnTcpDone(void* arg, grpc_error_handle error) {
+  auto* a = static_cast<Attempt*>(arg);
+  std::shared_ptr<Attempt> keep;
+  {
+    std::lock_guard<std::mutex> g(P().mu);
+    auto it = P().attempts.find(a->handle);
+    if (it != P().attempts.end()) {
+      keep = it->second;
+      P().attempts.erase(it);
+    }
+  }
+  if (error.ok()) GlobalCounters().tcp_client.fetch_add(1);
+  grpc_core::Closure::Run(DEBUG_LOCATION, a->on_connect, std::move(error));
+}
+
+// Under P().mu, with `a` registered: gives the request to gRPC's TCP client.
+void StartTcpLocked(Attempt* a) {
+  GRPC_CLOSURE_INIT(&a->tcp_done, OnTcpDone, a, nullptr);
+  a->tcp = true;
+  a->tcp_handle = Runtime::Get()->tcp_client()->connect(
+      &a->tcp_done, a->endpoint, a->interested_parties, a->config, &a->addr, a->deadline);
+}
+
+void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
+                     absl::StatusOr<std::shared_ptr<Connection>> r) {
+  grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
+  grpc_core::ExecCtx exec_ctx;
+  Runtime* rt = Runtime::Get();
+  std::unique_lock<std::mutex> lock(P().mu);
+  if (P().attempts.count(a->handle) == 0) {  // cancelled meanwhile
+    lock.unlock();
+    if (r.ok()) (*r)->Shutdown(absl::CancelledError("connect cancelled"));
+    return;
+  }
+  if (r.ok()) {
+    P().attempts.erase(a->handle);
+    lock.unlock();
+    *a->endpoint = CreateRdmaEndpoint(std::move(*r), /*server=*/false);
+    grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, absl::OkStatus());
+    return;
+  }
+  if (rt->options().fallback == Fallback::kNone) {
+    P().attempts.erase(a->handle);
+    lock.unlock();
+    gpr_log(GPR_ERROR, "grpc_rdma: no RDMA connection to %s (%s) and TF_RDMA_FALLBACK=none",
+            a->key.c_str(), std::string(r.status().message()).c_str());
+    *a->endpoint = nullptr;
+    grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, ToGrpcError(r.status()));
+    return;
+  }
+  rt->RememberFailure(a->key);
+  GlobalCounters().fallbacks.fetch_add(1);
+  GRPC_RDMA_TRACE("%s: no RDMA (%s): using TCP", a->key.c_str(),
+                  std::string(r.status().message()).c_str());
+  StartTcpLocked(a.get());
+}
+
+int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
+                grpc_pollset_set* interested_parties, const EndpointConfig& config,
+                const grpc_resolved_address* addr, grpc_core::Timestamp deadline) {
+  Runtime* rt = Runtime::Get();
+  auto a = std::make_shared<Attempt>();
+  a->handle = kHandleBit | P().next.fetch_add(1);
+  a->on_connect = on_connect;
+  a->endpoint = endpoint;
+  a->interested_parties = interested_parties;
+  a->addr = *addr;
+  a->deadline = deadline;
+  // gRPC 1.51 passes a ChannelArgsEndpointConfig on every path that reaches
+  // this vtable; anything else cannot be kept past this call, so it goes
+  // to TCP at once, as it is.
+  const auto* args = dynamic_cast<const ChannelArgsEndpointConfig*>(&config);
+  if (args == nullptr) {
+    return rt->tcp_client()->connect(on_connect, endpoint, interested_parties, config, addr,
+                                     deadline);
+  }
+  a->config = *args;
+  sockaddr_in sin{};
+  bool v4 = ToIpv4(addr, &sin);
+  if (v4) {
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
+    a->key = absl::StrCat(ip, ":", ntohs(sin.sin_port));
+  }
+  int64_t left_ms = (deadline - grpc_core::Timestamp::Now()).millis();
+  Engine* engine = v4 ? rt->engine() : nullptr;
+  bool remembered = engine != nullptr && rt->RecentlyFailed(a->key);
+  std::lock_guard<std::mutex> g(P().mu);
+  P().attempts[a->handle] = a;
+  if (engine == nullptr || remembered || left_ms <= 0) {
+    if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);
+    StartTcpLocked(a.get());
+    return a->handle;
+  }
+  int timeout = static_cast<int>(std::min<int64_t>(rt->options().connect_timeout_ms, left_ms));
+  GRPC_RDMA_TRACE("%s: connecting over RDMA (timeout %d ms)", a->key.c_str(), timeout);
+  engine->Connect(sin, timeout, [a](absl::StatusOr<std::shared_ptr<Connection>> r) {
+    OnRdmaConnected(a, std::move(r));
+  });
+  return a->handle;
+}
+
+bool CancelConnect(int64_t handle) {
+  if ((handle & kHandleBit) == 0) return Runtime::Get()->tcp_client()->cancel_connect(handle);
+  std::shared_ptr<Attempt> a;
+  {
+    std::lock_guard<std::mutex> g(P().mu);
+    auto it = P().attempts.find(handle);
+    if (it == P().attempts.end()) return false;  // already done
+    a = it->second;
+    if (!a->tcp) {  // still trying RDMA: it will find itself gone
+      P().attempts.erase(it);
+      return true;
+    }
+  }
+  if (!Runtime::Get()->tcp_client()->cancel_connect(a->tcp_handle)) return false;
+  std::lock_guard<std::mutex> g(P().mu);
+  P().attempts.erase(handle);
+  return true;
+}
+
+}  // namespace
+
+grpc_tcp_client_vtable kRdmaTcpClientVtable = {Connect, CancelConnect};
+
+}  // namespace grpc_rdma

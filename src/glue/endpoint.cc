@@ -1,0 +1,147 @@
+#include "glue/endpoint.h"
+
+#include <grpc/slice.h>
+#include <grpc/slice_buffer.h>
+#include <grpc/support/alloc.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "glue/stats.h"
+#include "glue/trace.h"
+#include "src/core/lib/iomgr/closure.h"
+#include "src/core/lib/iomgr/error.h"
+#include "src/core/lib/iomgr/exec_ctx.h"
+
+namespace grpc_rdma {
+namespace {
+
+// Below this a received chunk is copied into a gRPC slice: cheaper than a
+// heap-held chunk and a refcounted slice around it.
+constexpr size_t kCopyBelow = 512;
+
+// The shared state of one endpoint: the grpc_endpoint itself goes at
+// destroy, while callbacks the engine still owes hold this.
+struct State {
+  std::shared_ptr<Connection> conn;
+  std::string peer, local;
+  bool server = false;
+};
+
+struct RdmaEndpoint {
+  grpc_endpoint base;  // first: gRPC hands back this pointer
+  std::shared_ptr<State> st;
+};
+
+State* Of(grpc_endpoint* ep) { return reinterpret_cast<RdmaEndpoint*>(ep)->st.get(); }
+std::shared_ptr<State> Share(grpc_endpoint* ep) { return reinterpret_cast<RdmaEndpoint*>(ep)->st; }
+
+grpc_slice ToSlice(RecvChunk chunk) {
+  if (chunk.size() < kCopyBelow) return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
+  auto* held = new RecvChunk(std::move(chunk));
+  return grpc_slice_new_with_user_data(const_cast<char*>(held->data()), held->size(),
+                                       [](void* p) { delete static_cast<RecvChunk*>(p); },
+                                       held);
+}
+
+void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool /*urgent*/,
+            int /*min_progress_size*/) {
+  std::shared_ptr<State> st = Share(ep);
+  st->conn->Read([st, slices, cb](absl::StatusOr<std::vector<RecvChunk>> r) {
+    if (!r.ok()) {
+      grpc_slice_buffer_reset_and_unref(slices);
+      GRPC_RDMA_TRACE("%s: read ended: %s", st->peer.c_str(),
+                      std::string(r.status().message()).c_str());
+      RunClosure(cb, ToGrpcError(r.status()));
+      return;
+    }
+    for (RecvChunk& c : *r) {
+      if (c.size() > 0) grpc_slice_buffer_add(slices, ToSlice(std::move(c)));
+    }
+    RunClosure(cb, absl::OkStatus());
+  });
+}
+
+void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, void* /*arg*/,
+             int /*max_frame_size*/) {
+  std::vector<iovec> iov;
+  iov.reserve(slices->count);
+  for (size_t i = 0; i < slices->count; ++i) {
+    size_t n = GRPC_SLICE_LENGTH(slices->slices[i]);
+    if (n > 0) iov.push_back({GRPC_SLICE_START_PTR(slices->slices[i]), n});
+  }
+  // The slices stay the caller's, untouched, until cb runs.
+  Of(ep)->conn->Write(std::move(iov), [cb](absl::Status s) {
+    RunClosure(cb, s.ok() ? absl::OkStatus() : ToGrpcError(s));
+  });
+}
+
+void EpAddToPollset(grpc_endpoint*, grpc_pollset*) {}
+void EpAddToPollsetSet(grpc_endpoint*, grpc_pollset_set*) {}
+void EpDeleteFromPollsetSet(grpc_endpoint*, grpc_pollset_set*) {}
+
+void EpShutdown(grpc_endpoint* ep, grpc_error_handle why) {
+  State* st = Of(ep);
+  GRPC_RDMA_TRACE("%s: shutdown: %s", st->peer.c_str(), why.ToString().c_str());
+  st->conn->Shutdown(absl::UnavailableError(
+      why.ok() ? std::string("endpoint shut down") : std::string(why.message())));
+}
+
+void EpDestroy(grpc_endpoint* ep) {
+  auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
+  State* st = e->st.get();
+  st->conn->Shutdown(absl::UnavailableError("endpoint destroyed"));
+  UntrackConnection(st->conn.get());  // before adding: a snapshot never counts twice
+  GlobalCounters().AddClosed(st->conn->stats());
+  GlobalCounters().rdma_open.fetch_sub(1);
+  GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
+  delete e;
+}
+
+absl::string_view EpPeer(grpc_endpoint* ep) { return Of(ep)->peer; }
+absl::string_view EpLocal(grpc_endpoint* ep) { return Of(ep)->local; }
+int EpFd(grpc_endpoint*) { return -1; }
+bool EpCanTrackErr(grpc_endpoint*) { return false; }
+
+const grpc_endpoint_vtable kVtable = {
+    EpRead,     EpWrite, EpAddToPollset, EpAddToPollsetSet, EpDeleteFromPollsetSet,
+    EpShutdown, EpDestroy, EpPeer,       EpLocal,           EpFd,
+    EpCanTrackErr};
+
+}  // namespace
+
+void RunClosure(grpc_closure* closure, grpc_error_handle error) {
+  if (grpc_core::ExecCtx::Get() != nullptr) {
+    grpc_core::ExecCtx::Run(DEBUG_LOCATION, closure, std::move(error));
+    return;
+  }
+  grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
+  grpc_core::ExecCtx exec_ctx;
+  grpc_core::ExecCtx::Run(DEBUG_LOCATION, closure, std::move(error));
+}
+
+grpc_error_handle ToGrpcError(const absl::Status& s) {
+  return grpc_error_set_int(
+      GRPC_ERROR_CREATE(absl::StrCat("RDMA: ", s.message())),
+      grpc_core::StatusIntProperty::kRpcStatus, GRPC_STATUS_UNAVAILABLE);
+}
+
+grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server) {
+  auto* e = new RdmaEndpoint;
+  e->base.vtable = &kVtable;
+  e->st = std::make_shared<State>();
+  e->st->peer = conn->peer();
+  e->st->local = conn->local();
+  e->st->server = server;
+  TrackConnection(conn);
+  e->st->conn = std::move(conn);
+  Counters& c = GlobalCounters();
+  (server ? c.rdma_server : c.rdma_client).fetch_add(1);
+  c.rdma_open.fetch_add(1);
+  GRPC_RDMA_TRACE("%s: RDMA connection up (%s side, local %s)", e->st->peer.c_str(),
+                  server ? "server" : "client", e->st->local.c_str());
+  return &e->base;
+}
+
+}  // namespace grpc_rdma

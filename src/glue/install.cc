@@ -1,0 +1,232 @@
+// Install: puts the RDMA client and server vtables in place of gRPC's TCP
+// ones, from a static initializer (linked or preloaded) or an explicit
+// grpc_rdma::Install(). Also the stats snapshot and the trace flag.
+#include <arpa/inet.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/log.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "config/config.h"
+#include "glue/runtime.h"
+#include "glue/stats.h"
+#include "glue/trace.h"
+#include "grpc_rdma/grpc_rdma.h"
+#include "src/core/lib/iomgr/iomgr_internal.h"
+
+// gRPC's own TCP client and server (tcp_client_posix.cc, tcp_server_posix.cc).
+extern grpc_tcp_client_vtable grpc_posix_tcp_client_vtable;
+extern grpc_tcp_server_vtable grpc_posix_tcp_server_vtable;
+
+namespace grpc_rdma {
+
+grpc_core::TraceFlag grpc_rdma_trace(false, "rdma");
+
+namespace {
+
+std::mutex g_install_mu;
+std::atomic<Runtime*> g_runtime{nullptr};
+
+bool SameOptions(const Options& a, const Options& b) {
+  return DescribeOptions(a) == DescribeOptions(b) && a.stats_dump == b.stats_dump;
+}
+
+void DumpStatsAtExit() {
+  Runtime* rt = Runtime::Get();
+  if (rt == nullptr || rt->options().stats_dump.empty()) return;
+  std::string json = StatsJson(GetStats()) + "\n";
+  const std::string& where = rt->options().stats_dump;
+  if (where == "stderr") {
+    fputs(("grpc_rdma stats: " + json).c_str(), stderr);
+    return;
+  }
+  FILE* f = fopen(where.c_str(), "w");
+  if (f == nullptr) {
+    fprintf(stderr, "grpc_rdma: TF_RDMA_STATS=%s: cannot write: %s\n", where.c_str(),
+            strerror(errno));
+    return;
+  }
+  fputs(json.c_str(), f);
+  fclose(f);
+}
+
+}  // namespace
+
+Runtime* Runtime::Get() { return g_runtime.load(std::memory_order_acquire); }
+
+Engine* Runtime::engine() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!tried_) {
+    tried_ = true;
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(options_);
+    if (e.ok()) {
+      engine_ = std::move(*e);
+      GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(options_).c_str());
+    } else {
+      unavailable_ = std::string(e.status().message());
+      gpr_log(GPR_INFO, "grpc_rdma: RDMA is not available (%s): gRPC uses TCP",
+              unavailable_.c_str());
+    }
+  }
+  return engine_.get();
+}
+
+std::string Runtime::unavailable() {
+  std::lock_guard<std::mutex> g(mu_);
+  return unavailable_;
+}
+
+bool Runtime::RecentlyFailed(const std::string& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = failed_.find(key);
+  if (it == failed_.end()) return false;
+  if (std::chrono::steady_clock::now() - it->second >= std::chrono::seconds(options_.fallback_ttl_s)) {
+    failed_.erase(it);
+    return false;
+  }
+  return true;
+}
+
+void Runtime::RememberFailure(const std::string& key) {
+  if (options_.fallback_ttl_s == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  failed_[key] = std::chrono::steady_clock::now();
+}
+
+bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out) {
+  const auto* sa = reinterpret_cast<const sockaddr*>(addr->addr);
+  if (sa->sa_family == AF_INET && addr->len >= sizeof(sockaddr_in)) {
+    memcpy(out, addr->addr, sizeof(sockaddr_in));
+    return true;
+  }
+  if (sa->sa_family == AF_INET6 && addr->len >= sizeof(sockaddr_in6)) {
+    const auto* s6 = reinterpret_cast<const sockaddr_in6*>(addr->addr);
+    if (!IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) return false;
+    *out = sockaddr_in{};
+    out->sin_family = AF_INET;
+    out->sin_port = s6->sin6_port;
+    memcpy(&out->sin_addr, &s6->sin6_addr.s6_addr[12], 4);
+    return true;
+  }
+  return false;
+}
+
+bool IsWildcard(const grpc_resolved_address* addr) {
+  const auto* sa = reinterpret_cast<const sockaddr*>(addr->addr);
+  if (sa->sa_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(sa)->sin_addr.s_addr == htonl(INADDR_ANY);
+  }
+  if (sa->sa_family == AF_INET6) {
+    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr);
+  }
+  return false;
+}
+
+
+absl::Status Install(const Options& options) {
+  if (!options.enabled) return absl::OkStatus();
+  absl::Status valid = ValidateOptions(options);
+  if (!valid.ok()) return valid;
+  std::lock_guard<std::mutex> g(g_install_mu);
+  if (Runtime* rt = g_runtime.load()) {
+    if (SameOptions(rt->options(), options)) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        "grpc_rdma is already installed with other options (" + DescribeOptions(rt->options()) +
+        "); Install takes effect once per process");
+  }
+  // Before gRPC's first grpc_init() its defaults are not chosen yet, and
+  // choosing them then would overwrite ours: choose them now, so grpc_init
+  // keeps what is set.
+  if (!grpc_have_determined_iomgr_platform()) grpc_set_default_iomgr_platform();
+  g_runtime.store(new Runtime(options, &grpc_posix_tcp_client_vtable,
+                              &grpc_posix_tcp_server_vtable),
+                  std::memory_order_release);
+  grpc_set_tcp_client_impl(&kRdmaTcpClientVtable);
+  grpc_set_tcp_server_impl(&kRdmaTcpServerVtable);
+  if (!options.stats_dump.empty()) atexit(DumpStatsAtExit);
+  return absl::OkStatus();
+}
+
+absl::Status Install() {
+  absl::StatusOr<Options> o = OptionsFromEnvironment();
+  if (!o.ok()) {
+    fprintf(stderr, "grpc_rdma: not installed, gRPC uses TCP: %s\n",
+            std::string(o.status().message()).c_str());
+    return o.status();
+  }
+  absl::Status s = Install(*o);
+  if (!s.ok()) {
+    fprintf(stderr, "grpc_rdma: not installed, gRPC uses TCP: %s\n",
+            std::string(s.message()).c_str());
+  }
+  return s;
+}
+
+bool Installed() { return Runtime::Get() != nullptr; }
+
+Stats GetStats() {
+  Stats s;
+  Counters& c = GlobalCounters();
+  s.rdma_client_connections = c.rdma_client;
+  s.rdma_server_connections = c.rdma_server;
+  s.tcp_client_connections = c.tcp_client;
+  s.tcp_server_connections = c.tcp_server;
+  s.rdma_connections_open = c.rdma_open;
+  s.fallbacks = c.fallbacks;
+  s.fallbacks_remembered = c.fallbacks_remembered;
+  ConnectionStats open = OpenConnectionTotals();
+  s.bytes_sent = c.bytes_sent + open.bytes_sent;
+  s.bytes_received = c.bytes_received + open.bytes_received;
+  s.eager_messages = c.eager + open.eager_messages;
+  s.coalesced_writes = c.coalesced + open.coalesced_writes;
+  s.rendezvous = c.rendezvous + open.rendezvous;
+  s.chunks_zero_copy = c.zero_copy + open.chunks_zero_copy;
+  s.chunks_copied = c.copied + open.chunks_copied;
+  if (Runtime* rt = Runtime::Get()) s.rdma_unavailable = rt->unavailable();
+  // pinned_bytes: only an engine already made is asked (no side effects).
+  return s;
+}
+
+std::string StatsJson(const Stats& s) {
+  std::string why;
+  for (char ch : s.rdma_unavailable) {
+    if (ch == '"' || ch == '\\') why += '\\';
+    if (static_cast<unsigned char>(ch) >= 0x20) why += ch;
+  }
+  return absl::StrCat(
+      "{\"rdma_client_connections\":", s.rdma_client_connections,
+      ",\"rdma_server_connections\":", s.rdma_server_connections,
+      ",\"tcp_client_connections\":", s.tcp_client_connections,
+      ",\"tcp_server_connections\":", s.tcp_server_connections,
+      ",\"rdma_connections_open\":", s.rdma_connections_open, ",\"fallbacks\":", s.fallbacks,
+      ",\"fallbacks_remembered\":", s.fallbacks_remembered, ",\"bytes_sent\":", s.bytes_sent,
+      ",\"bytes_received\":", s.bytes_received, ",\"eager_messages\":", s.eager_messages,
+      ",\"coalesced_writes\":", s.coalesced_writes, ",\"rendezvous\":", s.rendezvous,
+      ",\"chunks_zero_copy\":", s.chunks_zero_copy, ",\"chunks_copied\":", s.chunks_copied,
+      ",\"pinned_bytes\":", s.pinned_bytes, ",\"rdma_unavailable\":\"", why, "\"}");
+}
+
+namespace {
+// Linked or preloaded: install from the environment before main(). The
+// application's explicit Install() with the same options is then a no-op.
+// GRPC_RDMA_NO_AUTO_INSTALL=1 leaves it to the application.
+struct AutoInstall {
+  AutoInstall() {
+    const char* no = getenv("GRPC_RDMA_NO_AUTO_INSTALL");
+    if (no != nullptr && strcmp(no, "1") == 0) return;
+    (void)Install();
+  }
+} g_auto_install;
+}  // namespace
+
+}  // namespace grpc_rdma
+
+extern "C" char* grpc_rdma_stats_json(void) {
+  std::string j = grpc_rdma::StatsJson(grpc_rdma::GetStats());
+  char* out = static_cast<char*>(malloc(j.size() + 1));
+  if (out != nullptr) memcpy(out, j.c_str(), j.size() + 1);
+  return out;
+}

@@ -1,0 +1,71 @@
+// File: src/glue/runtime.h
+//
+// What the installed plugin shares between its client and server sides:
+// the options, the engine (created at first use, so a process that never
+// connects pays nothing), gRPC's own TCP implementations for fallback, and
+// the addresses that recently had no RDMA.
+#ifndef GRPC_RDMA_SRC_GLUE_RUNTIME_H_
+#define GRPC_RDMA_SRC_GLUE_RUNTIME_H_
+
+#include <netinet/in.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "engine/engine.h"
+#include "grpc_rdma/options.h"
+#include "src/core/lib/iomgr/resolve_address.h"
+#include "src/core/lib/iomgr/tcp_client.h"
+#include "src/core/lib/iomgr/tcp_server.h"
+
+namespace grpc_rdma {
+
+class Runtime {
+ public:
+  // The installed runtime, or nullptr before Install. Never destroyed.
+  static Runtime* Get();
+
+  const Options& options() const { return options_; }
+  // The engine; nullptr when RDMA cannot be used in this process (no
+  // device, bad device name): the reason is logged once and kept in
+  // unavailable(), and everything goes by TCP.
+  Engine* engine();
+  std::string unavailable();
+
+  // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
+  // failed goes straight to TCP for TF_RDMA_FALLBACK_TTL_S seconds.
+  bool RecentlyFailed(const std::string& key);
+  void RememberFailure(const std::string& key);
+
+  grpc_tcp_client_vtable* tcp_client() const { return tcp_client_; }
+  grpc_tcp_server_vtable* tcp_server() const { return tcp_server_; }
+
+  Runtime(const Options& o, grpc_tcp_client_vtable* c, grpc_tcp_server_vtable* s)
+      : options_(o), tcp_client_(c), tcp_server_(s) {}
+
+ private:
+  const Options options_;
+  grpc_tcp_client_vtable* const tcp_client_;
+  grpc_tcp_server_vtable* const tcp_server_;
+  std::mutex mu_;
+  bool tried_ = false;
+  std::unique_ptr<Engine> engine_;
+  std::string unavailable_;
+  std::map<std::string, std::chrono::steady_clock::time_point> failed_;
+};
+
+// The IPv4 address of `addr` (plain or v4-mapped IPv6); false for others.
+bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out);
+// True for 0.0.0.0 and ::.
+bool IsWildcard(const grpc_resolved_address* addr);
+
+// The vtables Install puts in place (client.cc, server.cc).
+extern grpc_tcp_client_vtable kRdmaTcpClientVtable;
+extern grpc_tcp_server_vtable kRdmaTcpServerVtable;
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_GLUE_RUNTIME_H_

@@ -1,0 +1,254 @@
+// The server side: gRPC's TCP server vtable, replaced by one that wraps
+// gRPC's own TCP server (every TCP call goes to it) and also listens on RDMA
+// CM at each address and port the TCP server binds. Accepted RDMA
+// connections reach gRPC through the same accept callback as TCP ones.
+#include <arpa/inet.h>
+#include <grpc/support/alloc.h>
+
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "glue/endpoint.h"
+#include "glue/runtime.h"
+#include "glue/stats.h"
+#include "glue/trace.h"
+#include "src/core/lib/iomgr/exec_ctx.h"
+
+namespace grpc_rdma {
+namespace {
+
+// What RDMA accept callbacks share with the server; it outlives the server
+// because the engine may still hold an accept callback when the server goes.
+struct AcceptState {
+  std::mutex mu;  // held while a connection is handed to gRPC
+  bool gone = false;
+  bool started = false;
+  grpc_tcp_server* self = nullptr;  // the wrapper, as gRPC knows it
+  std::vector<grpc_pollset*> pollsets;
+  size_t next_pollset = 0;
+  grpc_tcp_server_cb on_accept = nullptr;
+  void* on_accept_arg = nullptr;
+  // Connections accepted before start(): handed over at start.
+  std::vector<std::pair<std::shared_ptr<Connection>, unsigned>> early;
+};
+
+struct Server {
+  grpc_tcp_server* tcp = nullptr;
+  grpc_closure* shutdown_complete = nullptr;  // the caller's
+  grpc_closure on_tcp_destroyed;
+  std::shared_ptr<AcceptState> as = std::make_shared<AcceptState>();
+  std::mutex mu;
+  std::vector<uint16_t> rdma_ports;
+  unsigned ports_added = 0;
+};
+
+grpc_tcp_server_vtable* Tcp() { return Runtime::Get()->tcp_server(); }
+
+// gRPC's TCP server also calls the grpc_tcp_server_* functions, and so this
+// vtable, on itself (its unref shuts its listeners down that way): every
+// entry point tells the wrappers from gRPC's own servers by this registry.
+struct Registry {
+  std::mutex mu;
+  std::set<const void*> servers;
+};
+Registry& Wrappers() {
+  static auto* r = new Registry;
+  return *r;
+}
+Server* Ours(grpc_tcp_server* s) {
+  std::lock_guard<std::mutex> g(Wrappers().mu);
+  return Wrappers().servers.count(s) ? reinterpret_cast<Server*>(s) : nullptr;
+}
+// The TCP server behind `s`: the wrapped one, or `s` itself.
+grpc_tcp_server* TcpOf(grpc_tcp_server* s) {
+  Server* w = Ours(s);
+  return w != nullptr ? w->tcp : s;
+}
+
+// Under as->mu, after start: gives one RDMA connection to gRPC.
+void HandOverLocked(AcceptState* as, std::shared_ptr<Connection> conn, unsigned port_index) {
+  auto* acceptor = static_cast<grpc_tcp_server_acceptor*>(gpr_malloc(sizeof(grpc_tcp_server_acceptor)));
+  acceptor->from_server = as->self;
+  acceptor->port_index = port_index;
+  acceptor->fd_index = 0;
+  acceptor->external_connection = false;
+  acceptor->listener_fd = -1;
+  acceptor->pending_data = nullptr;
+  grpc_pollset* pollset = as->pollsets.empty()
+                              ? nullptr
+                              : as->pollsets[as->next_pollset++ % as->pollsets.size()];
+  grpc_endpoint* ep = CreateRdmaEndpoint(std::move(conn), /*server=*/true);
+  as->on_accept(as->on_accept_arg, ep, pollset, acceptor);
+}
+
+void OnRdmaAccept(const std::shared_ptr<AcceptState>& as, std::shared_ptr<Connection> conn,
+                  unsigned port_index) {
+  grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
+  grpc_core::ExecCtx exec_ctx;
+  std::lock_guard<std::mutex> g(as->mu);
+  if (as->gone) {
+    conn->Shutdown(absl::UnavailableError("server shut down"));
+    return;
+  }
+  if (!as->started) {
+    as->early.emplace_back(std::move(conn), port_index);
+    return;
+  }
+  HandOverLocked(as.get(), std::move(conn), port_index);
+}
+
+void StopRdma(Server* s) {
+  std::vector<uint16_t> ports;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    ports.swap(s->rdma_ports);
+  }
+  Engine* engine = ports.empty() ? nullptr : Runtime::Get()->engine();
+  for (uint16_t p : ports) {
+    GRPC_RDMA_TRACE("server: stops listening on RDMA CM port %u", p);
+    engine->StopListening(p);
+  }
+}
+
+// gRPC's TCP server is gone: so goes the wrapper.
+void OnTcpDestroyed(void* arg, grpc_error_handle error) {
+  Server* s = static_cast<Server*>(arg);
+  {
+    std::lock_guard<std::mutex> g(Wrappers().mu);
+    Wrappers().servers.erase(s);
+  }
+  StopRdma(s);
+  std::vector<std::pair<std::shared_ptr<Connection>, unsigned>> early;
+  {
+    std::lock_guard<std::mutex> g(s->as->mu);  // waits for a hand-over under way
+    s->as->gone = true;
+    early.swap(s->as->early);
+  }
+  for (auto& [c, i] : early) c->Shutdown(absl::UnavailableError("server shut down"));
+  if (s->shutdown_complete != nullptr) {
+    grpc_core::ExecCtx::Run(DEBUG_LOCATION, s->shutdown_complete, std::move(error));
+  }
+  delete s;
+}
+
+// TCP connections keep going straight to gRPC, but name the wrapper as
+// their server.
+void OnTcpAccept(void* arg, grpc_endpoint* ep, grpc_pollset* pollset,
+                 grpc_tcp_server_acceptor* acceptor) {
+  auto* as = static_cast<AcceptState*>(arg);
+  acceptor->from_server = as->self;
+  GlobalCounters().tcp_server.fetch_add(1);
+  as->on_accept(as->on_accept_arg, ep, pollset, acceptor);
+}
+
+grpc_error_handle Create(grpc_closure* shutdown_complete,
+                         const grpc_event_engine::experimental::EndpointConfig& config,
+                         grpc_tcp_server** server) {
+  auto* s = new Server;
+  s->shutdown_complete = shutdown_complete;
+  GRPC_CLOSURE_INIT(&s->on_tcp_destroyed, OnTcpDestroyed, s, nullptr);
+  grpc_error_handle err = Tcp()->create(&s->on_tcp_destroyed, config, &s->tcp);
+  if (!err.ok()) {
+    delete s;
+    return err;
+  }
+  s->as->self = reinterpret_cast<grpc_tcp_server*>(s);
+  {
+    std::lock_guard<std::mutex> g(Wrappers().mu);
+    Wrappers().servers.insert(s);
+  }
+  *server = reinterpret_cast<grpc_tcp_server*>(s);
+  return absl::OkStatus();
+}
+
+void Start(grpc_tcp_server* server, const std::vector<grpc_pollset*>* pollsets,
+           grpc_tcp_server_cb on_accept_cb, void* cb_arg) {
+  Server* s = Ours(server);
+  if (s == nullptr) return Tcp()->start(server, pollsets, on_accept_cb, cb_arg);
+  AcceptState* as = s->as.get();
+  {
+    std::lock_guard<std::mutex> g(as->mu);
+    if (pollsets != nullptr) as->pollsets = *pollsets;
+    as->on_accept = on_accept_cb;
+    as->on_accept_arg = cb_arg;
+    as->started = true;
+    for (auto& [c, i] : as->early) HandOverLocked(as, std::move(c), i);
+    as->early.clear();
+  }
+  Tcp()->start(s->tcp, pollsets, OnTcpAccept, as);
+}
+
+grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* addr,
+                          int* out_port) {
+  Server* s = Ours(server);
+  if (s == nullptr) return Tcp()->add_port(server, addr, out_port);
+  grpc_error_handle err = Tcp()->add_port(s->tcp, addr, out_port);
+  if (!err.ok()) return err;
+  unsigned port_index;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    port_index = s->ports_added++;
+  }
+  sockaddr_in sin{};
+  if (IsWildcard(addr)) {
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_ANY);
+  } else if (!ToIpv4(addr, &sin)) {
+    return err;  // IPv6 only: TCP alone
+  }
+  sin.sin_port = htons(static_cast<uint16_t>(*out_port));
+  Engine* engine = Runtime::Get()->engine();
+  if (engine == nullptr) return err;
+  std::weak_ptr<AcceptState> weak = s->as;
+  absl::StatusOr<uint16_t> port =
+      engine->Listen(sin, [weak, port_index](std::shared_ptr<Connection> c) {
+        if (auto as = weak.lock()) {
+          OnRdmaAccept(as, std::move(c), port_index);
+        } else {
+          c->Shutdown(absl::UnavailableError("server shut down"));
+        }
+      });
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
+  if (!port.ok()) {
+    gpr_log(GPR_ERROR, "grpc_rdma: cannot listen on RDMA CM %s:%d (%s): this port serves TCP only",
+            ip, *out_port, std::string(port.status().message()).c_str());
+    return err;
+  }
+  GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, *out_port);
+  std::lock_guard<std::mutex> g(s->mu);
+  s->rdma_ports.push_back(*port);
+  return err;
+}
+
+grpc_core::TcpServerFdHandler* CreateFdHandler(grpc_tcp_server* s) {
+  return Tcp()->create_fd_handler(TcpOf(s));
+}
+unsigned PortFdCount(grpc_tcp_server* s, unsigned port_index) {
+  return Tcp()->port_fd_count(TcpOf(s), port_index);
+}
+int PortFd(grpc_tcp_server* s, unsigned port_index, unsigned fd_index) {
+  return Tcp()->port_fd(TcpOf(s), port_index, fd_index);
+}
+grpc_tcp_server* Ref(grpc_tcp_server* s) {
+  Tcp()->ref(TcpOf(s));
+  return s;
+}
+void ShutdownStartingAdd(grpc_tcp_server* s, grpc_closure* shutdown_starting) {
+  Tcp()->shutdown_starting_add(TcpOf(s), shutdown_starting);
+}
+void Unref(grpc_tcp_server* s) { Tcp()->unref(TcpOf(s)); }
+void ShutdownListeners(grpc_tcp_server* s) {
+  if (Server* w = Ours(s)) StopRdma(w);
+  Tcp()->shutdown_listeners(TcpOf(s));
+}
+
+}  // namespace
+
+grpc_tcp_server_vtable kRdmaTcpServerVtable = {
+    Create, Start, AddPort, CreateFdHandler, PortFdCount, PortFd,
+    Ref,    ShutdownStartingAdd, Unref, ShutdownListeners};
+
+}  // namespace grpc_rdma

@@ -1,0 +1,287 @@
+// gRPC services over grpc-rdma, end to end: an Echo server and its clients
+// in one process, written against the public grpc++ API only. This file is
+// compiled with no reference to grpc-rdma; CTest runs it twice, once with
+// the library preloaded and once linked (tests/grpc/CMakeLists.txt). Every
+// test reads the library's counters to prove which transport carried it.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "echo_service.h"
+
+namespace grpc_rdma_test {
+namespace {
+
+using grpc_rdma::test::Blob;
+using grpc_rdma::test::Echo;
+using Clock = std::chrono::system_clock;  // what grpc++ deadlines take
+
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    service_ = new EchoService;
+    server_ = StartEchoServer("127.0.0.1:0", &port_, service_).release();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port_, 0);
+  }
+  static void TearDownTestSuite() {
+    server_->Shutdown();
+    delete server_;
+    delete service_;
+  }
+
+  void SetUp() override {
+    before_ = RdmaStats();
+    ASSERT_FALSE(before_.empty())
+        << "grpc-rdma is not in this process (neither preloaded nor linked)";
+  }
+
+  static std::unique_ptr<Echo::Stub> NewStub(int port = port_) {
+    auto ch = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                        grpc::InsecureChannelCredentials(), BigMessageArgs());
+    return Echo::NewStub(ch);
+  }
+
+  int64_t Delta(const char* key) { return RdmaStats()[key] - before_[key]; }
+
+  // This test's traffic rode RDMA: new RDMA client connections, no TCP
+  // ones, at least `bytes` more stream bytes sent.
+  void ExpectRdma(int64_t connections, int64_t bytes) {
+    EXPECT_GE(Delta("rdma_client_connections"), connections);
+    EXPECT_EQ(Delta("tcp_client_connections"), 0);
+    EXPECT_EQ(Delta("fallbacks"), 0);
+    EXPECT_GE(Delta("bytes_sent"), bytes);
+  }
+
+  static EchoService* service_;
+  static grpc::Server* server_;
+  static int port_;
+  std::map<std::string, int64_t> before_;
+};
+
+EchoService* E2eTest::service_;
+grpc::Server* E2eTest::server_;
+int E2eTest::port_;
+
+TEST_F(E2eTest, UnaryEverySize) {
+  auto stub = NewStub();
+  const size_t kSizes[] = {0,       1,           8191,        8192,        8193,
+                           16384,   1 << 20,     (4 << 20) - 1, 4 << 20,   (4 << 20) + 1,
+                           64 << 20};
+  int64_t total = 0;
+  uint32_t seed = 1;
+  for (size_t n : kSizes) {
+    Blob req, resp;
+    req.set_data(Pattern(n, seed++));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(60));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << n << " bytes: " << s.error_message();
+    ASSERT_EQ(resp.data().size(), n);
+    ASSERT_TRUE(resp.data() == req.data()) << n << " bytes came back different";
+    EXPECT_EQ(resp.peer().rfind("rdma:", 0), 0u) << "server saw peer " << resp.peer();
+    total += n;
+  }
+  ExpectRdma(1, total);
+  EXPECT_GT(Delta("eager_messages"), 0);
+  EXPECT_GT(Delta("rendezvous"), 0);
+}
+
+TEST_F(E2eTest, ClientStreaming) {
+  auto stub = NewStub();
+  grpc::ClientContext ctx;
+  Blob resp;
+  auto w = stub->Upload(&ctx, &resp);
+  std::string all;
+  for (int i = 0; i < 40; ++i) {
+    Blob b;
+    b.set_data(Pattern(i % 3 == 0 ? 300000 : 1000 + i * 37, 100 + i));
+    all += b.data();
+    ASSERT_TRUE(w->Write(b));
+  }
+  ASSERT_TRUE(w->WritesDone());
+  grpc::Status s = w->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(resp.data() == all);
+  ExpectRdma(1, static_cast<int64_t>(all.size()));
+}
+
+TEST_F(E2eTest, ServerStreaming) {
+  auto stub = NewStub();
+  grpc::ClientContext ctx;
+  Blob req, b;
+  req.set_data(Pattern(100000, 7));
+  req.set_repeat(50);
+  auto r = stub->Download(&ctx, req);
+  int n = 0;
+  while (r->Read(&b)) {
+    ASSERT_TRUE(b.data() == req.data()) << "message " << n;
+    ++n;
+  }
+  grpc::Status s = r->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(n, 50);
+  ExpectRdma(1, 0);
+  EXPECT_GE(Delta("bytes_received"), 50 * 100000);
+}
+
+TEST_F(E2eTest, BidiStreaming) {
+  auto stub = NewStub();
+  grpc::ClientContext ctx;
+  auto rw = stub->Chat(&ctx);
+  int64_t total = 0;
+  for (int i = 0; i < 200; ++i) {
+    Blob out, in;
+    out.set_data(Pattern(static_cast<size_t>((i * 7919) % 70000), 300 + i));
+    total += out.data().size();
+    ASSERT_TRUE(rw->Write(out));
+    ASSERT_TRUE(rw->Read(&in));
+    ASSERT_TRUE(in.data() == out.data()) << "message " << i;
+  }
+  ASSERT_TRUE(rw->WritesDone());
+  grpc::Status s = rw->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectRdma(1, total);
+}
+
+TEST_F(E2eTest, ThousandConcurrentRpcsOnOneChannel) {
+  auto stub = NewStub();
+  constexpr int kN = 1000;
+  grpc::CompletionQueue cq;
+  struct Call {
+    grpc::ClientContext ctx;
+    Blob req, resp;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<Blob>> rpc;
+  };
+  std::vector<Call> calls(kN);
+  for (int i = 0; i < kN; ++i) {
+    Call& c = calls[i];
+    c.req.set_data(Pattern(static_cast<size_t>(i % 13) * 1500, 5000 + i));
+    c.ctx.set_deadline(Clock::now() + std::chrono::seconds(60));
+    c.rpc = stub->AsyncUnary(&c.ctx, c.req, &cq);
+    c.rpc->Finish(&c.resp, &c.status, &c);
+  }
+  for (int i = 0; i < kN; ++i) {
+    void* tag;
+    bool ok;
+    ASSERT_TRUE(cq.Next(&tag, &ok));
+    ASSERT_TRUE(ok);
+  }
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(calls[i].status.ok()) << i << ": " << calls[i].status.error_message();
+    ASSERT_TRUE(calls[i].resp.data() == calls[i].req.data()) << "call " << i;
+  }
+  cq.Shutdown();
+  ExpectRdma(1, 0);
+  // chttp2 batches the frames of concurrent calls into one endpoint write,
+  // and each write goes as one SEND: far fewer SENDs than messages.
+  EXPECT_LT(Delta("eager_messages"), 2 * kN) << "no batching of concurrent RPCs";
+}
+
+TEST_F(E2eTest, FiftyChannels) {
+  constexpr int kN = 50;
+  std::vector<std::unique_ptr<Echo::Stub>> stubs;
+  for (int i = 0; i < kN; ++i) stubs.push_back(NewStub());
+  std::vector<std::thread> threads;
+  std::atomic<int> good{0};
+  for (int i = 0; i < kN; ++i) {
+    threads.emplace_back([&, i] {
+      for (int k = 0; k < 5; ++k) {
+        Blob req, resp;
+        req.set_data(Pattern(static_cast<size_t>(i * 1000 + k), i * 10 + k));
+        grpc::ClientContext ctx;
+        ctx.set_deadline(Clock::now() + std::chrono::seconds(60));
+        if (stubs[i]->Unary(&ctx, req, &resp).ok() && resp.data() == req.data()) ++good;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kN * 5);
+  ExpectRdma(kN, 0);
+}
+
+TEST_F(E2eTest, DeadlineExceeded) {
+  auto stub = NewStub();
+  Blob req, resp;
+  req.set_data("slow");
+  req.set_delay_ms(3000);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::milliseconds(300));
+  auto t0 = Clock::now();
+  grpc::Status s = stub->Unary(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(2500));
+  ExpectRdma(1, 0);
+}
+
+TEST_F(E2eTest, ClientCancels) {
+  auto stub = NewStub();
+  Blob req, resp;
+  req.set_delay_ms(5000);
+  grpc::ClientContext ctx;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ctx.TryCancel();
+  });
+  auto t0 = Clock::now();
+  grpc::Status s = stub->Unary(&ctx, req, &resp);
+  canceller.join();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_LT(Clock::now() - t0, std::chrono::milliseconds(4000));
+  // The channel still works after a cancelled call.
+  Blob ok_req, ok_resp;
+  ok_req.set_data(Pattern(20000, 9));
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub->Unary(&ctx2, ok_req, &ok_resp).ok());
+  EXPECT_TRUE(ok_resp.data() == ok_req.data());
+  ExpectRdma(1, 20000);
+}
+
+TEST_F(E2eTest, ServerCancels) {
+  auto stub = NewStub();
+  grpc::ClientContext ctx;
+  Blob req, b;
+  req.set_data(Pattern(5000, 11));
+  req.set_repeat(100);
+  req.set_server_cancel(true);
+  auto r = stub->Download(&ctx, req);
+  int n = 0;
+  while (r->Read(&b)) ++n;
+  grpc::Status s = r->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_LE(n, 1);
+  ExpectRdma(1, 0);
+}
+
+TEST_F(E2eTest, ServerShutdownMidStream) {
+  EchoService service;
+  int port = 0;
+  auto server = StartEchoServer("127.0.0.1:0", &port, &service);
+  ASSERT_NE(server, nullptr);
+  auto stub = NewStub(port);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::seconds(30));
+  Blob req, b;
+  req.set_data(Pattern(10000, 12));
+  req.set_repeat(100000);
+  req.set_delay_ms(10);
+  auto r = stub->Download(&ctx, req);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(r->Read(&b));
+  std::thread stopper([&] { server->Shutdown(Clock::now() + std::chrono::milliseconds(200)); });
+  auto t0 = Clock::now();
+  while (r->Read(&b)) {
+  }
+  grpc::Status s = r->Finish();
+  stopper.join();
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  ExpectRdma(1, 0);
+  EXPECT_GE(Delta("rdma_server_connections"), 1);
+}
+
+}  // namespace
+}  // namespace grpc_rdma_test

@@ -1,0 +1,53 @@
+// File: tests/grpc/echo_service.h
+//
+// The Echo service (proto/echo.proto) for the gRPC tests and benchmarks,
+// and helpers to read grpc-rdma's stats from a program that was compiled
+// without any reference to the library (it is linked or preloaded).
+// Public grpc++ API only.
+#ifndef GRPC_RDMA_TESTS_GRPC_ECHO_SERVICE_H_
+#define GRPC_RDMA_TESTS_GRPC_ECHO_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "echo.grpc.pb.h"
+
+namespace grpc_rdma_test {
+
+class EchoService final : public grpc_rdma::test::Echo::Service {
+ public:
+  grpc::Status Unary(grpc::ServerContext* ctx, const grpc_rdma::test::Blob* in,
+                     grpc_rdma::test::Blob* out) override;
+  grpc::Status Upload(grpc::ServerContext* ctx,
+                      grpc::ServerReader<grpc_rdma::test::Blob>* reader,
+                      grpc_rdma::test::Blob* out) override;
+  grpc::Status Download(grpc::ServerContext* ctx, const grpc_rdma::test::Blob* in,
+                        grpc::ServerWriter<grpc_rdma::test::Blob>* writer) override;
+  grpc::Status Chat(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<grpc_rdma::test::Blob, grpc_rdma::test::Blob>* stream) override;
+};
+
+// A server with EchoService on `addr` ("127.0.0.1:0"); *port gets the port.
+std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port,
+                                              grpc::Service* service,
+                                              std::shared_ptr<grpc::ServerCredentials> creds =
+                                                  grpc::InsecureServerCredentials());
+
+// Channel arguments that let the largest test messages through.
+grpc::ChannelArguments BigMessageArgs();
+
+// `n` bytes that depend on `seed` and the position.
+std::string Pattern(size_t n, uint32_t seed);
+
+// grpc-rdma's counters (grpc_rdma::StatsJson), found at run time; empty
+// when the library is not in the process.
+std::map<std::string, int64_t> RdmaStats();
+
+}  // namespace grpc_rdma_test
+
+#endif  // GRPC_RDMA_TESTS_GRPC_ECHO_SERVICE_H_
