@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# gRPC across processes over grpc-rdma and softverbs: echo_tool servers and
+# clients, each with or without the library preloaded, on loopback and
+# between two network namespaces joined by veth (needs root). Each side
+# writes its grpc-rdma stats at exit (TF_RDMA_STATS), and every case checks
+# from them which transport carried its calls.
+#
+# usage: run_interop.sh --build BUILD_DIR --case NAME | --list
+#
+# Cases:
+#   rdma       both sides with the plugin, loopback: RDMA
+#   tls        the same with TLS (certificates made by the test): RDMA
+#   plain-server  client with the plugin, server without: TCP fallback
+#   plain-client  server with the plugin, client without: TCP
+#   disabled   TF_RDMA_ENABLED=false on the client: TCP, no engine
+#   bad-env    a bad TF_RDMA_CHUNK_SIZE on the client: a clear message, TCP
+#   netns      server and client in two network namespaces: RDMA
+set -u
+
+CASES=(rdma tls plain-server plain-client disabled bad-env netns)
+BUILD=""
+CASE=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) BUILD=$2; shift 2 ;;
+    --case) CASE=$2; shift 2 ;;
+    --list) printf '%s\n' "${CASES[@]}"; exit 0 ;;
+    *) echo "usage: $0 --build BUILD_DIR --case NAME | --list" >&2; exit 2 ;;
+  esac
+done
+[ -n "$BUILD" ] && [ -n "$CASE" ] || { echo "usage: $0 --build BUILD_DIR --case NAME" >&2; exit 2; }
+
+TOOL=$BUILD/tests/grpc/echo_tool
+LIB=$BUILD/src/glue/libgrpc_rdma.so
+RUN=$BUILD/softverbs/softverbs-run
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/grpc_interop.XXXXXX")
+NS_S="grpcrd-$$-s"
+NS_C="grpcrd-$$-c"
+VETH_S="grs$$"
+VETH_C="grc$$"
+OCTET=$(( $$ % 250 + 1 ))
+ADDR_S="10.211.$OCTET.1"
+ADDR_C="10.211.$OCTET.2"
+SERVER_PID=""
+FAILS=()
+
+cleanup() {
+  [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
+  exec 8>&- 2>/dev/null
+  ip netns del "$NS_S" 2>/dev/null
+  ip netns del "$NS_C" 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+fail() { FAILS+=("$*"); }
+
+# stat FILE KEY: the number after "KEY": in a stats file (empty if none).
+stat() { grep -o "\"$2\":[0-9]*" "$1" 2>/dev/null | head -n 1 | cut -d: -f2; }
+
+# expect FILE KEY OP N (OP: eq ge): one check of a stats file.
+expect() {
+  local v
+  v=$(stat "$1" "$2")
+  if [ -z "$v" ]; then fail "$(basename "$1"): no $2 (stats not written)"; return; fi
+  case "$3" in
+    eq) [ "$v" -eq "$4" ] || fail "$(basename "$1"): $2=$v, expected $4" ;;
+    ge) [ "$v" -ge "$4" ] || fail "$(basename "$1"): $2=$v, expected at least $4" ;;
+  esac
+}
+
+# side_env ROLE PLUGIN(1|0) [VAR=VALUE...]: the command prefix of one side
+# (its environment and the softverbs launcher, preloading the plugin).
+side_env() {
+  local role=$1 plugin=$2; shift 2
+  SIDE_ENV=(env "TF_RDMA_STATS=$TMP/$role.stats" "$@" "$RUN")
+  [ "$plugin" = 1 ] && SIDE_ENV+=(--preload "$LIB")
+}
+
+# start_server NS ADDR PLUGIN [VAR=VALUE...]: echo_tool serve, port in PORT.
+start_server() {
+  local ns=$1 addr=$2 plugin=$3; shift 3
+  side_env server "$plugin" "SOFTVERBS_DEVICES=mlx5_0:$addr" "$@"
+  local pre=()
+  [ -n "$ns" ] && pre=(ip netns exec "$ns")
+  mkfifo "$TMP/stdin"
+  "${pre[@]}" "${SIDE_ENV[@]}" "$TOOL" serve "$addr:0" $SERVER_TLS \
+    <"$TMP/stdin" >"$TMP/server.out" 2>"$TMP/server.err" &
+  SERVER_PID=$!
+  exec 8>"$TMP/stdin"
+  PORT=""
+  for _ in $(seq 1 100); do
+    PORT=$(awk '/^port /{print $2}' "$TMP/server.out")
+    [ -n "$PORT" ] && return 0
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  fail "server did not start: $(tail -n 3 "$TMP/server.err")"
+  return 1
+}
+
+stop_server() {
+  exec 8>&-
+  local i
+  for i in $(seq 1 150); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    fail "server still running 15 s after it was told to stop (its threads: server.err)"
+    local prog
+    prog=$(pgrep -n -f "$TOOL serve" 2>/dev/null)
+    [ -n "$prog" ] && command -v gdb >/dev/null &&
+      gdb -batch -p "$prog" -ex "thread apply all bt 10" >>"$TMP/server.err" 2>&1
+    kill "$SERVER_PID" 2>/dev/null
+  fi
+  wait "$SERVER_PID" || fail "server exited with $?: $(tail -n 3 "$TMP/server.err")"
+  SERVER_PID=""
+}
+
+# call NS CLIENT_ADDR TARGET PLUGIN [VAR=VALUE...]
+call() {
+  local ns=$1 addr=$2 target=$3 plugin=$4; shift 4
+  side_env client "$plugin" "SOFTVERBS_DEVICES=mlx5_0:$addr" "$@"
+  local pre=()
+  [ -n "$ns" ] && pre=(ip netns exec "$ns")
+  if ! timeout 120 "${pre[@]}" "${SIDE_ENV[@]}" "$TOOL" call "$target" $CLIENT_TLS \
+      >"$TMP/client.out" 2>"$TMP/client.err"; then
+    fail "client failed: $(tail -n 3 "$TMP/client.err")"
+  fi
+}
+
+netns_up() {
+  ip netns add "$NS_S" && ip netns add "$NS_C" &&
+    ip link add "$VETH_S" type veth peer name "$VETH_C" &&
+    ip link set "$VETH_S" netns "$NS_S" && ip link set "$VETH_C" netns "$NS_C" &&
+    ip -n "$NS_S" addr add "$ADDR_S/24" dev "$VETH_S" &&
+    ip -n "$NS_C" addr add "$ADDR_C/24" dev "$VETH_C" &&
+    ip -n "$NS_S" link set lo up && ip -n "$NS_C" link set lo up &&
+    ip -n "$NS_S" link set "$VETH_S" up && ip -n "$NS_C" link set "$VETH_C" up
+}
+
+make_certs() {
+  openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj "/CN=grpc-rdma test CA" \
+    -keyout "$TMP/ca.key" -out "$TMP/ca.pem" 2>/dev/null &&
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=echo.test" \
+    -keyout "$TMP/server.key" -out "$TMP/server.csr" 2>/dev/null &&
+  printf 'subjectAltName=DNS:echo.test\n' >"$TMP/ext" &&
+  openssl x509 -req -in "$TMP/server.csr" -CA "$TMP/ca.pem" -CAkey "$TMP/ca.key" \
+    -CAcreateserial -days 1 -extfile "$TMP/ext" -out "$TMP/server.pem" 2>/dev/null
+}
+
+SERVER_TLS=""
+CLIENT_TLS=""
+S=$TMP/server.stats
+C=$TMP/client.stats
+case "$CASE" in
+  rdma|tls)
+    if [ "$CASE" = tls ]; then
+      make_certs || { echo "FAIL tls: openssl could not make certificates"; exit 1; }
+      SERVER_TLS="--tls $TMP/server.pem $TMP/server.key"
+      CLIENT_TLS="--tls $TMP/ca.pem echo.test"
+    fi
+    start_server "" 127.0.0.1 1 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
+    expect "$C" rdma_client_connections ge 1
+    expect "$C" tcp_client_connections eq 0
+    expect "$C" bytes_sent ge $(( (4 << 20) + (1 << 20) ))
+    expect "$S" rdma_server_connections ge 1
+    expect "$S" tcp_server_connections eq 0
+    grep -q "server saw peer rdma:" "$TMP/client.out" || fail "the server's peer string does not say rdma"
+    ;;
+  plain-server)
+    start_server "" 127.0.0.1 0 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
+    expect "$C" fallbacks ge 1
+    expect "$C" tcp_client_connections ge 1
+    expect "$C" rdma_client_connections eq 0
+    [ -e "$S" ] && fail "the server without the plugin wrote grpc-rdma stats"
+    ;;
+  plain-client)
+    start_server "" 127.0.0.1 1 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 0; stop_server; }
+    expect "$S" tcp_server_connections ge 1
+    expect "$S" rdma_server_connections eq 0
+    grep -q "server saw peer ipv4:" "$TMP/client.out" || fail "the server's peer string is not TCP's"
+    ;;
+  disabled)
+    start_server "" 127.0.0.1 1 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_ENABLED=false; stop_server; }
+    expect "$S" tcp_server_connections ge 1
+    expect "$S" rdma_server_connections eq 0
+    [ -e "$C" ] && fail "TF_RDMA_ENABLED=false still installed the plugin (stats written)"
+    ;;
+  bad-env)
+    start_server "" 127.0.0.1 1 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_CHUNK_SIZE=banana; stop_server; }
+    grep -q "TF_RDMA_CHUNK_SIZE='banana' is not valid" "$TMP/client.err" ||
+      fail "no message naming TF_RDMA_CHUNK_SIZE and its value: $(head -c 300 "$TMP/client.err")"
+    expect "$S" tcp_server_connections ge 1
+    expect "$S" rdma_server_connections eq 0
+    ;;
+  netns)
+    if ! netns_up; then
+      echo "FAIL netns: cannot make network namespaces (needs root and iproute2)"
+      exit 1
+    fi
+    start_server "$NS_S" "$ADDR_S" 1 && { call "$NS_C" "$ADDR_C" "$ADDR_S:$PORT" 1; stop_server; }
+    expect "$C" rdma_client_connections ge 1
+    expect "$C" tcp_client_connections eq 0
+    expect "$S" rdma_server_connections ge 1
+    grep -q "server saw peer rdma:$ADDR_C:" "$TMP/client.out" ||
+      fail "the server did not see the client's namespace address over RDMA"
+    ;;
+  *) echo "unknown case $CASE (see --list)" >&2; exit 2 ;;
+esac
+
+if [ ${#FAILS[@]} -eq 0 ]; then
+  echo "PASS $CASE: $(grep -c '^ok' "$TMP/client.out") calls; client stats: $(cat "$C" 2>/dev/null || echo none)"
+  echo "1 passed, 0 failed"
+  exit 0
+fi
+echo "FAIL $CASE:"
+printf '  - %s\n' "${FAILS[@]}"
+for f in server.out server.err client.out client.err server.stats client.stats; do
+  [ -s "$TMP/$f" ] && { echo "  ---- $f"; tail -n 60 "$TMP/$f" | sed 's/^/  | /'; }
+done
+echo "0 passed, 1 failed"
+exit 1
