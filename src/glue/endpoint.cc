@@ -47,6 +47,8 @@ grpc_slice ToSlice(RecvChunk chunk) {
 
 void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool /*urgent*/,
             int /*min_progress_size*/) {
+  // As gRPC's TCP endpoint: a read replaces what the buffer held.
+  grpc_slice_buffer_reset_and_unref(slices);
   std::shared_ptr<State> st = Share(ep);
   st->conn->Read([st, slices, cb](absl::StatusOr<std::vector<RecvChunk>> r) {
     if (!r.ok()) {

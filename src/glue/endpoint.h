@@ -3,7 +3,8 @@
 // A grpc_endpoint (gRPC 1.51's iomgr byte-stream interface, the one chttp2
 // reads and writes) over an engine Connection.
 //
-// - read: completes with every byte the connection has (at least one);
+// - read: empties the slice buffer, then completes with every byte the
+//   connection has (at least one);
 //   chunks that arrived by rendezvous go up as slices over the registered
 //   buffers (no copy), given back to the pool when gRPC drops the slice.
 // - write: completes once the engine is done with the slices' bytes.
