@@ -4,8 +4,15 @@
 //
 //   echo_tool serve ADDR:PORT          prints "port N" and serves until
 //                                      stdin closes
-//   echo_tool call TARGET [--tls CA]   unary calls of several sizes, checks
-//                                      every byte; exit 0 when all came back
+//   echo_tool call TARGET [--tls CA HOST]  unary calls of several sizes on
+//                                      two channels, one after the other;
+//                                      checks every byte; exit 0 when all
+//                                      came back
+//   echo_tool watch TARGET             a long server stream; prints
+//                                      "streaming" once it flows, then reads
+//                                      until it ends; exit 0 when it ended
+//                                      with an error (the test kills the
+//                                      server), 1 when it ended OK
 //
 // Exit codes: 0 ok, 1 an RPC failed or came back wrong, 2 bad usage.
 #include <unistd.h>
@@ -63,9 +70,13 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
     creds = grpc::SslCredentials(o);
     if (!host.empty()) args.SetSslTargetNameOverride(host);
   }
-  auto stub = Echo::NewStub(grpc::CreateCustomChannel(target, creds, args));
   const size_t kSizes[] = {0, 1, 8192, 8193, 100000, 1 << 20, (4 << 20) + 1};
   uint32_t seed = 1;
+  // Two channels: the second shows what the first taught the plugin (an
+  // address without RDMA goes straight to TCP).
+  for (int channel = 0; channel < 2; ++channel) {
+  args.SetInt("echo_tool.channel", channel);
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(target, creds, args));
   for (size_t n : kSizes) {
     Blob req, resp;
     req.set_data(grpc_rdma_test::Pattern(n, seed++));
@@ -83,13 +94,39 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
     }
     printf("ok %zu bytes, server saw peer %s\n", n, resp.peer().c_str());
   }
+  }
   return 0;
+}
+
+int Watch(const std::string& target) {
+  auto stub = Echo::NewStub(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
+                                grpc_rdma_test::BigMessageArgs()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  Blob req, b;
+  req.set_data(grpc_rdma_test::Pattern(50000, 3));
+  req.set_repeat(1000000);
+  req.set_delay_ms(5);
+  auto r = stub->Download(&ctx, req);
+  int n = 0;
+  while (r->Read(&b)) {
+    if (++n == 3) {
+      printf("streaming\n");
+      fflush(stdout);
+    }
+  }
+  grpc::Status s = r->Finish();
+  printf("stream ended after %d messages: code %d (%s)\n", n, static_cast<int>(s.error_code()),
+         s.error_message().c_str());
+  return s.ok() ? 1 : 0;
 }
 
 int Usage() {
   fprintf(stderr,
           "usage: echo_tool serve ADDR:PORT [--tls CERT KEY]\n"
-          "       echo_tool call TARGET [--tls CA HOSTNAME]\n");
+          "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
+          "       echo_tool watch TARGET\n");
   return 2;
 }
 
@@ -106,5 +143,6 @@ int main(int argc, char** argv) {
   }
   if (mode == "serve") return Serve(addr, a, b);
   if (mode == "call") return Call(addr, a, b);
+  if (mode == "watch") return Watch(addr);
   return Usage();
 }

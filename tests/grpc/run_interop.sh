@@ -15,9 +15,13 @@
 #   disabled   TF_RDMA_ENABLED=false on the client: TCP, no engine
 #   bad-env    a bad TF_RDMA_CHUNK_SIZE on the client: a clear message, TCP
 #   netns      server and client in two network namespaces: RDMA
+#   server-dies   the server is killed (SIGKILL) mid-stream: the client's
+#                 call fails within seconds, the client exits cleanly
+#   client-dies   the client is killed mid-stream: the server carries on
+#                 and serves the next client over RDMA
 set -u
 
-CASES=(rdma tls plain-server plain-client disabled bad-env netns)
+CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -126,6 +130,16 @@ call() {
   fi
 }
 
+# wait_for_line FILE TEXT SECONDS
+wait_for_line() {
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    grep -q "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 netns_up() {
   ip netns add "$NS_S" && ip netns add "$NS_C" &&
     ip link add "$VETH_S" type veth peer name "$VETH_C" &&
@@ -158,9 +172,9 @@ case "$CASE" in
       CLIENT_TLS="--tls $TMP/ca.pem echo.test"
     fi
     start_server "" 127.0.0.1 1 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
-    expect "$C" rdma_client_connections ge 1
+    expect "$C" rdma_client_connections ge 2
     expect "$C" tcp_client_connections eq 0
-    expect "$C" bytes_sent ge $(( (4 << 20) + (1 << 20) ))
+    expect "$C" bytes_sent ge $(( 2 * ((4 << 20) + (1 << 20)) ))
     expect "$S" rdma_server_connections ge 1
     expect "$S" tcp_server_connections eq 0
     grep -q "server saw peer rdma:" "$TMP/client.out" || fail "the server's peer string does not say rdma"
@@ -168,7 +182,8 @@ case "$CASE" in
   plain-server)
     start_server "" 127.0.0.1 0 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
     expect "$C" fallbacks ge 1
-    expect "$C" tcp_client_connections ge 1
+    expect "$C" fallbacks_remembered ge 1
+    expect "$C" tcp_client_connections ge 2
     expect "$C" rdma_client_connections eq 0
     [ -e "$S" ] && fail "the server without the plugin wrote grpc-rdma stats"
     ;;
@@ -202,6 +217,42 @@ case "$CASE" in
     expect "$S" rdma_server_connections ge 1
     grep -q "server saw peer rdma:$ADDR_C:" "$TMP/client.out" ||
       fail "the server did not see the client's namespace address over RDMA"
+    ;;
+  server-dies)
+    if start_server "" 127.0.0.1 1; then
+      side_env client 1 SOFTVERBS_DEVICES=mlx5_0:127.0.0.1
+      timeout 60 "${SIDE_ENV[@]}" "$TOOL" watch "127.0.0.1:$PORT" \
+        >"$TMP/client.out" 2>"$TMP/client.err" &
+      cpid=$!
+      wait_for_line "$TMP/client.out" streaming 20 || fail "the stream never flowed"
+      kill -KILL "$SERVER_PID"
+      wait "$SERVER_PID" 2>/dev/null
+      SERVER_PID=""
+      t0=$(date +%s)
+      wait "$cpid"
+      rc=$?
+      [ "$rc" -eq 0 ] || fail "client exit $rc after the server died (124: it hung)"
+      [ $(( $(date +%s) - t0 )) -le 15 ] || fail "the client took over 15 s to see the server die"
+      grep -q "stream ended" "$TMP/client.out" || fail "client did not report the end of the stream"
+      expect "$C" rdma_client_connections ge 1
+    fi
+    ;;
+  client-dies)
+    if start_server "" 127.0.0.1 1; then
+      side_env client 1 SOFTVERBS_DEVICES=mlx5_0:127.0.0.1
+      "${SIDE_ENV[@]}" "$TOOL" watch "127.0.0.1:$PORT" >"$TMP/watch.out" 2>"$TMP/watch.err" &
+      cpid=$!
+      wait_for_line "$TMP/watch.out" streaming 20 || fail "the stream never flowed"
+      pkill -KILL -P "$cpid" 2>/dev/null
+      kill -KILL "$cpid" 2>/dev/null
+      wait "$cpid" 2>/dev/null
+      rm -f "$C"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1
+      stop_server
+      expect "$C" rdma_client_connections ge 2
+      expect "$S" rdma_server_connections ge 3
+      expect "$S" tcp_server_connections eq 0
+    fi
     ;;
   *) echo "unknown case $CASE (see --list)" >&2; exit 2 ;;
 esac
