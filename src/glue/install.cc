@@ -79,6 +79,11 @@ std::string Runtime::unavailable() {
   return unavailable_;
 }
 
+uint64_t Runtime::pinned_bytes() {
+  std::lock_guard<std::mutex> g(mu_);
+  return engine_ ? engine_->pinned_bytes() : 0;
+}
+
 bool Runtime::RecentlyFailed(const std::string& key) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = failed_.find(key);
@@ -185,8 +190,10 @@ Stats GetStats() {
   s.rendezvous = c.rendezvous + open.rendezvous;
   s.chunks_zero_copy = c.zero_copy + open.chunks_zero_copy;
   s.chunks_copied = c.copied + open.chunks_copied;
-  if (Runtime* rt = Runtime::Get()) s.rdma_unavailable = rt->unavailable();
-  // pinned_bytes: only an engine already made is asked (no side effects).
+  if (Runtime* rt = Runtime::Get()) {
+    s.rdma_unavailable = rt->unavailable();
+    s.pinned_bytes = rt->pinned_bytes();
+  }
   return s;
 }
 

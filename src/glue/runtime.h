@@ -34,6 +34,8 @@ class Runtime {
   // unavailable(), and everything goes by TCP.
   Engine* engine();
   std::string unavailable();
+  // Registered memory in use (0 before the engine exists; never creates it).
+  uint64_t pinned_bytes();
 
   // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
   // failed goes straight to TCP for TF_RDMA_FALLBACK_TTL_S seconds.

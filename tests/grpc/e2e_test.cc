@@ -86,6 +86,7 @@ TEST_F(E2eTest, UnaryEverySize) {
     total += n;
   }
   ExpectRdma(1, total);
+  EXPECT_GT(RdmaStats()["pinned_bytes"], 0) << "open RDMA connections hold registered memory";
   EXPECT_GT(Delta("eager_messages"), 0);
   EXPECT_GT(Delta("rendezvous"), 0);
 }
