@@ -53,8 +53,8 @@ packages=(
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
-  # scripts: network namespaces, process tools, plots
-  iproute2 procps python3 python3-matplotlib
+  # scripts: network namespaces, process tools, plots, test certificates
+  iproute2 procps python3 python3-matplotlib openssl
 )
 
 missing=()
