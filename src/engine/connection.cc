@@ -195,6 +195,11 @@ void ConnImpl::Shutdown(absl::Status why) {
   {
     std::lock_guard<std::mutex> g(engine_->mu);
     CloseLocked(why.ok() ? Closed("connection shut down") : why, &d, true);
+    // Later reads fail: what arrived and was not read goes (its buffers
+    // back to the pool, outside the lock).
+    auto unread = std::make_shared<std::deque<RecvChunk>>(std::move(ready_));
+    ready_.clear();
+    d.push_back([unread] {});
   }
   for (auto& f : d) f();
   engine_->Wake();
@@ -540,6 +545,13 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
   ++credits_to_return_;
 }
 
+void ConnImpl::ReleaseInflightLocked(uint64_t wr_id) {
+  auto it = inflight_.find(wr_id);
+  if (it == inflight_.end()) return;
+  local_pool_->Put(it->second);
+  inflight_.erase(it);
+}
+
 int ConnImpl::HandleCqLocked(Deferred* d) {
   if (!cq_) return 0;
   ibv_wc wc[16];
@@ -551,13 +563,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
     for (int i = 0; i < n; ++i) {
       if (!(wc[i].wr_id & kRecvBit)) ++sq_free_;  // every send is signalled
       if (wc[i].status != IBV_WC_SUCCESS) {
-        if (!(wc[i].wr_id & kRecvBit)) {
-          auto it = inflight_.find(wc[i].wr_id);
-          if (it != inflight_.end()) {
-            local_pool_->Put(it->second);
-            inflight_.erase(it);
-          }
-        }
+        if (!(wc[i].wr_id & kRecvBit)) ReleaseInflightLocked(wc[i].wr_id);
         // Any error while open, a flush included, means the QP is dead
         // (the peer died, or broke a rule and the HCA stopped the QP).
         if (state_ != State::kClosed) {
@@ -574,19 +580,22 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
         }
         continue;
       }
-      if (state_ == State::kClosed) continue;
+      if (state_ == State::kClosed) {
+        if (!(wc[i].wr_id & kRecvBit)) ReleaseInflightLocked(wc[i].wr_id);
+        continue;
+      }
       if (wc[i].opcode == IBV_WC_RECV) {
         OnRecvLocked(wc[i], d);
       } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         OnChunkLocked(wc[i], d);
       } else {
-        auto it = inflight_.find(wc[i].wr_id);
-        if (it != inflight_.end()) {
-          local_pool_->Put(it->second);
-          inflight_.erase(it);
-        }
+        ReleaseInflightLocked(wc[i].wr_id);
       }
     }
+  }
+  if (disconnect_when_drained_ && inflight_.empty()) {
+    disconnect_when_drained_ = false;
+    if (id_) rdma_disconnect(id_.get());
   }
   DeliverLocked(d);
   PumpLocked(d);
@@ -609,7 +618,16 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
   out_grants_.clear();
   DeliverLocked(d);
   // A server connection is connected from rdma_accept on, before it is up.
-  if (disconnect && (was_up || accepted) && id_) rdma_disconnect(id_.get());
+  if (disconnect && (was_up || accepted) && id_) {
+    // Writes reported done are posted, not yet delivered: let them land
+    // before the disconnect (every send is signalled, so each completes,
+    // delivered or flushed, and HandleCqLocked disconnects then).
+    if (was_up && !inflight_.empty()) {
+      disconnect_when_drained_ = true;
+    } else {
+      rdma_disconnect(id_.get());
+    }
+  }
   if (connect_done) {
     Engine::ConnectDone cb = std::move(connect_done);
     connect_done = nullptr;

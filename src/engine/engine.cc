@@ -154,12 +154,15 @@ absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::Acc
   return port;
 }
 
-void EngineImpl::StopListening(uint16_t port) {
+void EngineImpl::StopListening(const sockaddr_in& addr) {
   std::vector<CmId> gone;
   {
     std::lock_guard<std::mutex> g(mu);
     for (size_t i = 0; i < listeners_.size(); ++i) {
-      if (listeners_[i] && ntohs(rdma_get_src_port(listeners_[i].get())) == port) {
+      if (!listeners_[i]) continue;
+      const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_local_addr(listeners_[i].get()));
+      if (a->sin_family == AF_INET && a->sin_port == addr.sin_port &&
+          a->sin_addr.s_addr == addr.sin_addr.s_addr) {
         gone.push_back(std::move(listeners_[i]));
         accept_fns_[i] = nullptr;
       }
@@ -387,7 +390,7 @@ absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_acc
   return impl_->Listen(addr, std::move(on_accept));
 }
 
-void Engine::StopListening(uint16_t port) { impl_->StopListening(port); }
+void Engine::StopListening(const sockaddr_in& addr) { impl_->StopListening(addr); }
 
 const Options& Engine::options() const { return impl_->options; }
 

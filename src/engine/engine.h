@@ -91,8 +91,9 @@ class Connection {
   // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown).
   // One read at a time.
   virtual void Read(ReadDone done) = 0;
-  // Fails pending and later reads and writes with `why` (UNAVAILABLE) and
-  // disconnects. Idempotent.
+  // Fails pending and later reads and writes with `why` (UNAVAILABLE); data
+  // received and not read is dropped. Writes already reported done still
+  // reach the peer: the disconnect waits for their completions. Idempotent.
   virtual void Shutdown(absl::Status why) = 0;
   virtual std::string peer() const = 0;   // "rdma:10.0.0.2:50051"
   virtual std::string local() const = 0;
@@ -119,10 +120,11 @@ class Engine {
   // Listens on `addr` (port 0: any); returns the port. `on_accept` runs on
   // the poller for each established connection.
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, AcceptFn on_accept);
-  // Stops accepting on `port`: later connection requests are refused and
-  // connections already made carry on. A connection accepted just before
-  // may still reach that listener's `on_accept` afterwards.
-  void StopListening(uint16_t port);
+  // Stops the listener Listen made for `addr` (with the port it returned):
+  // later connection requests are refused and connections already made
+  // carry on. A connection accepted just before may still reach that
+  // listener's `on_accept` afterwards.
+  void StopListening(const sockaddr_in& addr);
 
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections

@@ -46,6 +46,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void ArmCqLocked();
   void PumpLocked(Deferred* d);                 // send what can be sent
   void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
+  void ReleaseInflightLocked(uint64_t wr_id);
   bool closed() const { return state_ == State::kClosed; }
   int channel_fd() const { return channel_ ? channel_->fd : -1; }
   ibv_comp_channel* channel() const { return channel_.get(); }
@@ -104,6 +105,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   Qp qp_;
 
   State state_ = State::kSetup;
+  // Closed locally while sends were still in flight: disconnect once their
+  // completions are in (a disconnect moves the QP to error, and the HCA
+  // would flush them undelivered).
+  bool disconnect_when_drained_ = false;
   std::string peer_, local_;
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
@@ -142,7 +147,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
-  void StopListening(uint16_t port);
+  void StopListening(const sockaddr_in& addr);
 
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();

@@ -10,6 +10,7 @@
 #include <future>
 #include <mutex>
 #include <random>
+#include <thread>
 
 namespace grpc_rdma {
 namespace {
@@ -239,6 +240,56 @@ TEST(Engine, BadOptionsAndAbsentDevicesAreClearErrors) {
   o.device_explicit = true;
   auto e = Engine::Create(o);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound) << e.status();
+}
+
+}  // namespace
+}  // namespace grpc_rdma
+
+namespace grpc_rdma {
+namespace {
+
+// A write reported done may still be on its way: a Shutdown right after it
+// must let it land before the disconnect (it would be flushed otherwise).
+TEST(Engine, ShutdownAfterWritesDoneStillDeliversThem) {
+  for (int round = 0; round < 10; ++round) {
+    Pair p;
+    ASSERT_TRUE(p.Open(Options{}));
+    Sink at_server(p.s);
+    std::string all;
+    std::vector<std::string> pieces;
+    for (int i = 0; i < 64; ++i) pieces.push_back(Pattern(i % 8 == 7 ? 300000 : 3000, i + round));
+    std::atomic<int> left{static_cast<int>(pieces.size())};
+    std::promise<void> all_done;
+    for (auto& piece : pieces) {
+      all += piece;
+      iovec v{piece.data(), piece.size()};
+      p.c->Write({v}, [&](absl::Status s) {
+        EXPECT_TRUE(s.ok()) << s;
+        if (--left == 0) all_done.set_value();
+      });
+    }
+    all_done.get_future().get();
+    p.c->Shutdown(absl::UnavailableError("client done"));
+    ASSERT_TRUE(at_server.WaitClosed()) << "round " << round;
+    ASSERT_EQ(at_server.data().size(), all.size()) << "round " << round;
+    EXPECT_TRUE(at_server.data() == all) << "round " << round;
+    p.Close();
+  }
+}
+
+// After a local Shutdown, reads fail even when unread data was waiting.
+TEST(Engine, ReadsFailAfterLocalShutdownWithUnreadData) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  ASSERT_TRUE(WriteAll(*p.c, Pattern(5000, 1)).ok());
+  ASSERT_TRUE(WriteAll(*p.c, Pattern(500000, 2)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let it land
+  p.s->Shutdown(absl::UnavailableError("server gone"));
+  std::promise<absl::Status> read;
+  p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) { read.set_value(r.status()); });
+  absl::Status s = read.get_future().get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  p.Close();
 }
 
 }  // namespace
