@@ -32,7 +32,7 @@ echo "client: $(cat "$tmp/client.out")"
 echo "client stats: $(cat "$tmp/client.stats" 2>/dev/null)"
 ok=1
 [ $rc -eq 0 ] || ok=0
-grep -q "^Hello RDMA (you came from rdma:127.0.0.1:" "$tmp/client.out" || ok=0
+grep -q "^Hello RDMA (you came from ipv4:127.0.0.1:[0-9]*?transport=rdma)" "$tmp/client.out" || ok=0
 grep -q '"rdma_client_connections":1,' "$tmp/client.stats" 2>/dev/null || ok=0
 grep -q '"tcp_client_connections":0,' "$tmp/client.stats" 2>/dev/null || ok=0
 if [ $ok = 1 ]; then echo "1 passed, 0 failed"; exit 0; fi

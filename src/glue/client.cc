@@ -80,6 +80,8 @@ void StartTcpLocked(Attempt* a) {
 
 void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
                      absl::StatusOr<std::shared_ptr<Connection>> r) {
+  // Usually on the poller, which has no ExecCtx; inline on the connecting
+  // thread when the engine fails at once, and then this nests in its own.
   grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
   grpc_core::ExecCtx exec_ctx;
   Runtime* rt = Runtime::Get();
@@ -142,13 +144,17 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
   int64_t left_ms = (deadline - grpc_core::Timestamp::Now()).millis();
   Engine* engine = v4 ? rt->engine() : nullptr;
   bool remembered = engine != nullptr && rt->RecentlyFailed(a->key);
-  std::lock_guard<std::mutex> g(P().mu);
-  P().attempts[a->handle] = a;
-  if (engine == nullptr || remembered || left_ms <= 0) {
-    if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);
-    StartTcpLocked(a.get());
-    return a->handle;
+  {
+    std::lock_guard<std::mutex> g(P().mu);
+    P().attempts[a->handle] = a;
+    if (engine == nullptr || remembered || left_ms <= 0) {
+      if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);
+      StartTcpLocked(a.get());
+      return a->handle;
+    }
   }
+  // Without the lock: the engine may answer on this very thread (a CM id
+  // or address it cannot make), and the answer takes the lock.
   int timeout = static_cast<int>(std::min<int64_t>(rt->options().connect_timeout_ms, left_ms));
   GRPC_RDMA_TRACE("%s: connecting over RDMA (timeout %d ms)", a->key.c_str(), timeout);
   engine->Connect(sin, timeout, [a](absl::StatusOr<std::shared_ptr<Connection>> r) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
 #include "src/core/lib/iomgr/closure.h"
@@ -36,6 +37,16 @@ struct RdmaEndpoint {
 
 State* Of(grpc_endpoint* ep) { return reinterpret_cast<RdmaEndpoint*>(ep)->st.get(); }
 std::shared_ptr<State> Share(grpc_endpoint* ep) { return reinterpret_cast<RdmaEndpoint*>(ep)->st; }
+
+// "rdma:10.0.0.2:50051" (the engine's) -> "ipv4:10.0.0.2:50051?transport=rdma":
+// gRPC parses peer and local addresses as URIs of scheme ipv4 (xDS filter
+// chains, authorization policies, local credentials), reading the path;
+// the query says which transport, for people and logs.
+std::string GrpcAddress(const std::string& engine_address) {
+  constexpr absl::string_view kRdma = "rdma:";
+  if (absl::string_view(engine_address).substr(0, kRdma.size()) != kRdma) return engine_address;
+  return absl::StrCat("ipv4:", engine_address.substr(kRdma.size()), "?transport=rdma");
+}
 
 grpc_slice ToSlice(RecvChunk chunk) {
   if (chunk.size() < kCopyBelow) return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
@@ -133,8 +144,8 @@ grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server)
   auto* e = new RdmaEndpoint;
   e->base.vtable = &kVtable;
   e->st = std::make_shared<State>();
-  e->st->peer = conn->peer();
-  e->st->local = conn->local();
+  e->st->peer = GrpcAddress(conn->peer());
+  e->st->local = GrpcAddress(conn->local());
   e->st->server = server;
   TrackConnection(conn);
   e->st->conn = std::move(conn);

@@ -10,7 +10,8 @@
 // - write: completes once the engine is done with the slices' bytes.
 // - shutdown: pending and later reads and writes fail with the given error
 //   (UNAVAILABLE) and the RDMA connection is closed.
-// - get_peer / get_local_address: "rdma:10.0.0.2:50051".
+// - get_peer / get_local_address: "ipv4:10.0.0.2:50051?transport=rdma", a
+//   URI gRPC parses as it parses TCP's "ipv4:10.0.0.2:50051".
 // Completions run as gRPC closures through an ExecCtx on the engine's
 // poller thread (or the calling thread's ExecCtx when already done).
 #ifndef GRPC_RDMA_SRC_GLUE_ENDPOINT_H_

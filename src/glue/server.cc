@@ -40,7 +40,7 @@ struct Server {
   grpc_closure on_tcp_destroyed;
   std::shared_ptr<AcceptState> as = std::make_shared<AcceptState>();
   std::mutex mu;
-  std::vector<uint16_t> rdma_ports;
+  std::vector<sockaddr_in> rdma_listeners;
   unsigned ports_added = 0;
 };
 
@@ -100,15 +100,15 @@ void OnRdmaAccept(const std::shared_ptr<AcceptState>& as, std::shared_ptr<Connec
 }
 
 void StopRdma(Server* s) {
-  std::vector<uint16_t> ports;
+  std::vector<sockaddr_in> listeners;
   {
     std::lock_guard<std::mutex> g(s->mu);
-    ports.swap(s->rdma_ports);
+    listeners.swap(s->rdma_listeners);
   }
-  Engine* engine = ports.empty() ? nullptr : Runtime::Get()->engine();
-  for (uint16_t p : ports) {
-    GRPC_RDMA_TRACE("server: stops listening on RDMA CM port %u", p);
-    engine->StopListening(p);
+  Engine* engine = listeners.empty() ? nullptr : Runtime::Get()->engine();
+  for (const sockaddr_in& a : listeners) {
+    GRPC_RDMA_TRACE("server: stops listening on RDMA CM port %u", ntohs(a.sin_port));
+    engine->StopListening(a);
   }
 }
 
@@ -218,8 +218,9 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
     return err;
   }
   GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, *out_port);
+  sin.sin_port = htons(*port);
   std::lock_guard<std::mutex> g(s->mu);
-  s->rdma_ports.push_back(*port);
+  s->rdma_listeners.push_back(sin);
   return err;
 }
 

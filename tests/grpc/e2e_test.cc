@@ -82,7 +82,8 @@ TEST_F(E2eTest, UnaryEverySize) {
     ASSERT_TRUE(s.ok()) << n << " bytes: " << s.error_message();
     ASSERT_EQ(resp.data().size(), n);
     ASSERT_TRUE(resp.data() == req.data()) << n << " bytes came back different";
-    EXPECT_EQ(resp.peer().rfind("rdma:", 0), 0u) << "server saw peer " << resp.peer();
+    EXPECT_EQ(resp.peer().rfind("ipv4:127.0.0.1:", 0), 0u) << "server saw peer " << resp.peer();
+    EXPECT_NE(resp.peer().find("?transport=rdma"), std::string::npos) << resp.peer();
     total += n;
   }
   ExpectRdma(1, total);
@@ -256,6 +257,27 @@ TEST_F(E2eTest, ServerCancels) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
   EXPECT_LE(n, 1);
   ExpectRdma(1, 0);
+}
+
+// Local credentials parse the peer's address and accept loopback ones
+// only: an RDMA peer must read as the IPv4 address it is.
+TEST_F(E2eTest, LocalTcpCredentials) {
+  EchoService service;
+  int port = 0;
+  auto server = StartEchoServer("127.0.0.1:0", &port, &service,
+                                grpc::experimental::LocalServerCredentials(LOCAL_TCP));
+  ASSERT_NE(server, nullptr);
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::experimental::LocalCredentials(LOCAL_TCP),
+      BigMessageArgs()));
+  Blob req, resp;
+  req.set_data(Pattern(100000, 21));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::seconds(30));
+  grpc::Status s = stub->Unary(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.data() == req.data());
+  ExpectRdma(1, 100000);
 }
 
 TEST_F(E2eTest, ServerShutdownMidStream) {

@@ -177,7 +177,8 @@ case "$CASE" in
     expect "$C" bytes_sent ge $(( 2 * ((4 << 20) + (1 << 20)) ))
     expect "$S" rdma_server_connections ge 1
     expect "$S" tcp_server_connections eq 0
-    grep -q "server saw peer rdma:" "$TMP/client.out" || fail "the server's peer string does not say rdma"
+    grep -q "server saw peer ipv4:127.0.0.1:[0-9]*?transport=rdma" "$TMP/client.out" ||
+      fail "the server's peer string does not say rdma"
     ;;
   plain-server)
     start_server "" 127.0.0.1 0 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
@@ -215,7 +216,7 @@ case "$CASE" in
     expect "$C" rdma_client_connections ge 1
     expect "$C" tcp_client_connections eq 0
     expect "$S" rdma_server_connections ge 1
-    grep -q "server saw peer rdma:$ADDR_C:" "$TMP/client.out" ||
+    grep -q "server saw peer ipv4:$ADDR_C:[0-9]*?transport=rdma" "$TMP/client.out" ||
       fail "the server did not see the client's namespace address over RDMA"
     ;;
   server-dies)
