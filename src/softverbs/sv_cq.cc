@@ -44,8 +44,10 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
 
 int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   Cq* cq = ToCq(ibcq);
+  bool armed = false;
   auto take = [&] {
     std::lock_guard<std::mutex> g(cq->mu);
+    armed = cq->armed;
     int got = 0;
     while (got < n && !cq->entries.empty()) {
       wc[got++] = cq->entries.front();
@@ -65,7 +67,9 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   uint64_t now = NowUs();
   for (Qp* qp : cq->qps) {
     if (qp->link == nullptr || qp->link->state != LinkState::kUp) continue;
-    LinkMarkPolled(qp->link, now);
+    // An armed CQ's owner is about to sleep on its channel: producers must
+    // keep ringing the doorbell (see ReqNotifyCq).
+    if (!armed) LinkMarkPolled(qp->link, now);
     did |= rt.ProgressLinkLocked(qp->link);
   }
   lk.unlock();
@@ -74,9 +78,21 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   Cq* cq = ToCq(ibcq);
-  std::lock_guard<std::mutex> g(cq->mu);
-  cq->armed = true;
-  cq->solicited_only = solicited_only != 0;
+  {
+    std::lock_guard<std::mutex> g(cq->mu);
+    cq->armed = true;
+    cq->solicited_only = solicited_only != 0;
+  }
+  // Arming is how a program says it stops polling and will sleep on the
+  // channel. Producers skip the doorbell while the consumer polled within
+  // kPollGraceUs, and the agent then only looks every millisecond: forget
+  // the polls, so every frame from now on rings (a frame that slipped in
+  // before this is found by the poll programs make after arming, or by the
+  // agent). Without this a message could wait ~1 ms for the agent's timer.
+  Runtime& rt = Runtime::Get();
+  std::lock_guard<std::mutex> g(rt.mu);
+  for (Qp* qp : cq->qps) LinkForgetPolls(qp->link);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }
 

@@ -362,6 +362,7 @@ void LinkSetSleeping(Link* l, bool sleeping);
 // agent then wakes every millisecond in case the poller stops.
 constexpr uint64_t kPollGraceUs = 50;
 void LinkMarkPolled(Link* l, uint64_t now);
+void LinkForgetPolls(Link* l);  // the consumer stopped polling (armed its CQ)
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
 

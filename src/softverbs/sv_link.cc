@@ -256,6 +256,11 @@ void LinkMarkPolled(Link* l, uint64_t now) {
     l->rx->consumer_polled_us.store(now, std::memory_order_relaxed);
 }
 
+void LinkForgetPolls(Link* l) {
+  if (l != nullptr && l->rx != nullptr && l->state == LinkState::kUp)
+    l->rx->consumer_polled_us.store(0, std::memory_order_seq_cst);
+}
+
 bool LinkRecentlyPolled(Link* l, uint64_t now) {
   return l->rx != nullptr && l->state == LinkState::kUp &&
          now - l->rx->consumer_polled_us.load(std::memory_order_relaxed) < 20000;
