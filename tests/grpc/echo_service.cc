@@ -64,6 +64,15 @@ grpc::Status EchoService::Chat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status EchoService::Sink(grpc::ServerContext*, grpc::ServerReader<Blob>* reader,
+                               Blob* out) {
+  Blob b;
+  uint32_t n = 0;
+  while (reader->Read(&b)) ++n;
+  out->set_repeat(n);
+  return grpc::Status::OK;
+}
+
 std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port,
                                               grpc::Service* service,
                                               std::shared_ptr<grpc::ServerCredentials> creds) {

@@ -30,6 +30,8 @@ class EchoService final : public grpc_rdma::test::Echo::Service {
   grpc::Status Chat(
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<grpc_rdma::test::Blob, grpc_rdma::test::Blob>* stream) override;
+  grpc::Status Sink(grpc::ServerContext* ctx, grpc::ServerReader<grpc_rdma::test::Blob>* reader,
+                    grpc_rdma::test::Blob* out) override;
 };
 
 // A server with EchoService on `addr` ("127.0.0.1:0"); *port gets the port.

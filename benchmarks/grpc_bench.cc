@@ -1,0 +1,296 @@
+// grpc_bench: what a gRPC application gets, point to point. Written against
+// the public grpc++ API only; the transport is chosen from outside (TCP: as
+// is; RDMA: libgrpc_rdma.so preloaded; in-process: --inprocess), so the same
+// code measures all three (benchmarks/run_grpc_bench.py drives it).
+//
+//   grpc_bench serve ADDR              Echo server; prints "port N"; runs
+//                                      until stdin closes
+//   grpc_bench run (--target T | --inprocess) SUITE [options]
+//
+// Suites (one JSON object per line on stdout):
+//   latency  --sizes 1,64,...   unary ping-pong: p50, p99 (microseconds)
+//   stream   --sizes 65536,...  client streaming to a sink: MB/s
+//   rate     --clients N        N channels, one thread each, 64 B unary
+//                               calls: calls per second
+//   ps       --model resnet50|vgg16 --workers W --steps S
+//            parameter-server training traffic: each step every worker
+//            sends each variable's gradient and gets the parameter back
+//            (one unary call per variable, all in flight at once, as
+//            tf_cnn_benchmarks' workers do); steps per second
+//   --seconds X  time per measure (default 1)
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../tests/grpc/echo_service.h"
+#include "models.h"
+
+namespace {
+
+using grpc_rdma::test::Blob;
+using grpc_rdma::test::Echo;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::string target;
+  bool inprocess = false;
+  std::string suite;
+  std::vector<size_t> sizes;
+  int clients = 4;
+  std::string model = "resnet50";
+  int workers = 2;
+  int steps = 3;
+  double seconds = 1.0;
+};
+
+[[noreturn]] void Die(const std::string& why) {
+  fprintf(stderr, "grpc_bench: %s\n", why.c_str());
+  exit(2);
+}
+
+std::vector<size_t> ParseSizes(const std::string& s) {
+  std::vector<size_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    unsigned long long v = strtoull(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0') Die("--sizes: '" + item + "' is not a byte count");
+    out.push_back(static_cast<size_t>(v));
+  }
+  return out;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+class Bench {
+ public:
+  explicit Bench(const Args& a) : a_(a) {
+    if (a.inprocess) {
+      grpc::ServerBuilder b;
+      b.RegisterService(&service_);
+      b.SetMaxReceiveMessageSize(-1);
+      b.SetMaxSendMessageSize(-1);
+      server_ = b.BuildAndStart();
+    }
+  }
+
+  // A new channel (its own connection) each call.
+  std::unique_ptr<Echo::Stub> Stub() {
+    grpc::ChannelArguments args = grpc_rdma_test::BigMessageArgs();
+    if (a_.inprocess) return Echo::NewStub(server_->InProcessChannel(args));
+    return Echo::NewStub(
+        grpc::CreateCustomChannel(a_.target, grpc::InsecureChannelCredentials(), args));
+  }
+
+  void Latency() {
+    auto stub = Stub();
+    for (size_t n : a_.sizes) {
+      Blob req, resp;
+      req.set_data(grpc_rdma_test::Pattern(n, 1));
+      auto call = [&] {
+        grpc::ClientContext ctx;
+        grpc::Status s = stub->Unary(&ctx, req, &resp);
+        if (!s.ok()) Die("unary " + std::to_string(n) + " B: " + s.error_message());
+      };
+      for (int i = 0; i < 20; ++i) call();  // warm-up
+      std::vector<double> us;
+      auto end = Clock::now() + std::chrono::duration<double>(a_.seconds);
+      while ((Clock::now() < end || us.size() < 20) && us.size() < 200000) {
+        auto t0 = Clock::now();
+        call();
+        us.push_back(Seconds(Clock::now() - t0) * 1e6);
+      }
+      if (resp.data() != req.data()) Die("unary " + std::to_string(n) + " B came back different");
+      std::sort(us.begin(), us.end());
+      printf("{\"suite\":\"latency\",\"size\":%zu,\"n\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", n,
+             us.size(), us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+      fflush(stdout);
+    }
+  }
+
+  void Stream() {
+    auto stub = Stub();
+    for (size_t n : a_.sizes) {
+      Blob b;
+      b.set_data(grpc_rdma_test::Pattern(n, 2));
+      auto once = [&](double secs) {
+        grpc::ClientContext ctx;
+        Blob resp;
+        auto w = stub->Sink(&ctx, &resp);
+        uint64_t sent = 0;
+        auto t0 = Clock::now();
+        auto end = t0 + std::chrono::duration<double>(secs);
+        while (Clock::now() < end || sent < 8) {
+          if (!w->Write(b)) break;
+          ++sent;
+        }
+        w->WritesDone();
+        grpc::Status s = w->Finish();
+        double t = Seconds(Clock::now() - t0);
+        if (!s.ok() || resp.repeat() != sent) Die("stream " + std::to_string(n) + " B failed");
+        return sent * n / t / 1e6;
+      };
+      once(0.2);  // warm-up
+      printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f}\n", n, once(a_.seconds));
+      fflush(stdout);
+    }
+  }
+
+  void Rate() {
+    std::vector<std::unique_ptr<Echo::Stub>> stubs;
+    for (int i = 0; i < a_.clients; ++i) stubs.push_back(Stub());
+    std::atomic<uint64_t> calls{0};
+    std::atomic<bool> counting{false}, stop{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < a_.clients; ++i) {
+      threads.emplace_back([&, i] {
+        Blob req, resp;
+        req.set_data(std::string(64, 'x'));
+        while (!stop) {
+          grpc::ClientContext ctx;
+          if (!stubs[i]->Unary(&ctx, req, &resp).ok()) Die("rate: a call failed");
+          if (counting) ++calls;
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // warm-up
+    counting = true;
+    auto t0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>(a_.seconds));
+    counting = false;
+    double t = Seconds(Clock::now() - t0);
+    stop = true;
+    for (auto& th : threads) th.join();
+    printf("{\"suite\":\"rate\",\"clients\":%d,\"calls_per_s\":%.0f}\n", a_.clients, calls / t);
+    fflush(stdout);
+  }
+
+  void ParameterServer() {
+    std::vector<uint64_t> vars = grpc_rdma_bench::ModelVariables(a_.model);
+    if (vars.empty()) Die("--model: expected resnet50 or vgg16");
+    uint64_t bytes = 0;
+    std::vector<Blob> grads(vars.size());
+    for (size_t i = 0; i < vars.size(); ++i) {
+      grads[i].set_data(std::string(vars[i] * 4, static_cast<char>(i)));
+      bytes += vars[i] * 4;
+    }
+    std::vector<std::unique_ptr<Echo::Stub>> stubs;
+    for (int w = 0; w < a_.workers; ++w) stubs.push_back(Stub());
+    auto step = [&](Echo::Stub* stub) {
+      grpc::CompletionQueue cq;
+      std::vector<grpc::ClientContext> ctx(vars.size());
+      std::vector<Blob> resp(vars.size());
+      std::vector<grpc::Status> st(vars.size());
+      std::vector<std::unique_ptr<grpc::ClientAsyncResponseReader<Blob>>> rpc(vars.size());
+      for (size_t i = 0; i < vars.size(); ++i) {
+        rpc[i] = stub->AsyncUnary(&ctx[i], grads[i], &cq);
+        rpc[i]->Finish(&resp[i], &st[i], reinterpret_cast<void*>(i));
+      }
+      for (size_t k = 0; k < vars.size(); ++k) {
+        void* tag;
+        bool ok;
+        if (!cq.Next(&tag, &ok) || !ok) Die("ps: completion queue failed");
+      }
+      for (size_t i = 0; i < vars.size(); ++i) {
+        if (!st[i].ok()) Die("ps: variable " + std::to_string(i) + ": " + st[i].error_message());
+        if (resp[i].data().size() != grads[i].data().size()) Die("ps: short parameter");
+      }
+      cq.Shutdown();
+      void* tag;
+      bool ok;
+      while (cq.Next(&tag, &ok)) {
+      }
+    };
+    auto run = [&](int steps) {
+      std::vector<std::thread> threads;
+      auto t0 = Clock::now();
+      for (int w = 0; w < a_.workers; ++w) {
+        threads.emplace_back([&, w] {
+          for (int s = 0; s < steps; ++s) step(stubs[w].get());
+        });
+      }
+      for (auto& th : threads) th.join();
+      return Seconds(Clock::now() - t0);
+    };
+    run(1);  // warm-up
+    double t = run(a_.steps);
+    printf("{\"suite\":\"ps\",\"model\":\"%s\",\"workers\":%d,\"variables\":%zu,"
+           "\"bytes_per_step\":%llu,\"steps_per_s\":%.3f}\n",
+           a_.model.c_str(), a_.workers, vars.size(), static_cast<unsigned long long>(bytes),
+           a_.steps / t);
+    fflush(stdout);
+  }
+
+ private:
+  const Args& a_;
+  grpc_rdma_test::EchoService service_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+int Serve(const std::string& addr) {
+  grpc_rdma_test::EchoService service;
+  int port = 0;
+  auto server = grpc_rdma_test::StartEchoServer(addr, &port, &service);
+  if (server == nullptr || port == 0) Die("cannot serve on " + addr);
+  printf("port %d\n", port);
+  fflush(stdout);
+  char buf[64];
+  while (read(0, buf, sizeof(buf)) > 0) {
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return 0;
+}
+
+int Usage() {
+  fprintf(stderr,
+          "usage: grpc_bench serve ADDR\n"
+          "       grpc_bench run (--target HOST:PORT | --inprocess) "
+          "(latency --sizes N,... | stream --sizes N,... | rate [--clients N] |\n"
+          "         ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::string(argv[1]) == "serve") return Serve(argv[2]);
+  if (argc < 3 || std::string(argv[1]) != "run") return Usage();
+  Args a;
+  for (int i = 2; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) Die(k + " needs a value");
+      return argv[++i];
+    };
+    if (k == "--target") a.target = next();
+    else if (k == "--inprocess") a.inprocess = true;
+    else if (k == "--sizes") a.sizes = ParseSizes(next());
+    else if (k == "--clients") a.clients = std::max(1, atoi(next().c_str()));
+    else if (k == "--model") a.model = next();
+    else if (k == "--workers") a.workers = std::max(1, atoi(next().c_str()));
+    else if (k == "--steps") a.steps = std::max(1, atoi(next().c_str()));
+    else if (k == "--seconds") a.seconds = atof(next().c_str());
+    else if (k[0] != '-' && a.suite.empty()) a.suite = k;
+    else return Usage();
+  }
+  if (a.target.empty() == !a.inprocess) return Usage();
+  if ((a.suite == "latency" || a.suite == "stream") && a.sizes.empty()) Die("--sizes is needed");
+  if (!(a.seconds > 0)) Die("--seconds must be above 0");
+  Bench b(a);
+  if (a.suite == "latency") b.Latency();
+  else if (a.suite == "stream") b.Stream();
+  else if (a.suite == "rate") b.Rate();
+  else if (a.suite == "ps") b.ParameterServer();
+  else return Usage();
+  return 0;
+}
