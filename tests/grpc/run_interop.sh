@@ -19,9 +19,14 @@
 #                 call fails within seconds, the client exits cleanly
 #   client-dies   the client is killed mid-stream: the server carries on
 #                 and serves the next client over RDMA
+#   small-pool    TF_RDMA_BUF_SIZE far below the data in flight (64 KiB
+#                 chunks, 1 MiB of pinned memory per process) and 4 MiB
+#                 messages: backpressure, every byte right, over RDMA
+#   trace      GRPC_TRACE=rdma logs the connection's life on both sides
 set -u
 
-CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies)
+CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
+       small-pool trace)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -254,6 +259,30 @@ case "$CASE" in
       expect "$S" rdma_server_connections ge 3
       expect "$S" tcp_server_connections eq 0
     fi
+    ;;
+  small-pool)
+    pool=(TF_RDMA_CHUNK_SIZE=65536 TF_RDMA_ACC_SIZE=4096 TF_RDMA_EAGER_DEPTH=8
+          TF_RDMA_CHUNKS_IN_FLIGHT=2 TF_RDMA_BUF_SIZE=1048576)
+    start_server "" 127.0.0.1 1 "${pool[@]}" &&
+      { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "${pool[@]}"; stop_server; }
+    expect "$C" rdma_client_connections ge 2
+    expect "$C" tcp_client_connections eq 0
+    expect "$C" bytes_received ge $(( 2 * ((4 << 20) + (1 << 20)) ))
+    expect "$C" chunks_copied ge 1   # the pool ran short: chunks copied out
+    expect "$S" rdma_server_connections ge 2
+    ;;
+  trace)
+    start_server "" 127.0.0.1 1 GRPC_TRACE=rdma GRPC_VERBOSITY=info &&
+      { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 GRPC_TRACE=rdma GRPC_VERBOSITY=info; stop_server; }
+    grep -q "grpc_rdma: 127.0.0.1:$PORT: connecting over RDMA" "$TMP/client.err" ||
+      fail "the client's trace has no 'connecting over RDMA'"
+    grep -q "grpc_rdma: ipv4:127.0.0.1:$PORT?transport=rdma: RDMA connection up (client side" "$TMP/client.err" ||
+      fail "the client's trace has no 'RDMA connection up'"
+    grep -q "grpc_rdma: server: listening on RDMA CM 127.0.0.1:$PORT and TCP" "$TMP/server.err" ||
+      fail "the server's trace has no 'listening on RDMA CM'"
+    grep -q "RDMA connection up (server side" "$TMP/server.err" ||
+      fail "the server's trace has no accepted RDMA connection"
+    expect "$C" rdma_client_connections ge 1
     ;;
   *) echo "unknown case $CASE (see --list)" >&2; exit 2 ;;
 esac
