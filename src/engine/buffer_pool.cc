@@ -167,17 +167,17 @@ uint64_t BufferPool::outstanding() const {
   return outstanding_;
 }
 
-Registrar MakeVerbsRegistrar(ibv_pd* pd, int access) {
+Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access) {
   Registrar r;
   r.reg = [pd, access](void* addr, size_t length) -> absl::StatusOr<Registration> {
-    ibv_mr* mr = ibv_reg_mr(pd, addr, length, access);
+    ibv_mr* mr = ibv_reg_mr(pd.get(), addr, length, access);
     if (absl::Status s = CheckErrno(mr == nullptr, "ibv_reg_mr",
                                     absl::StrCat("length=", length));
         !s.ok())
       return s;
     return Registration{mr->lkey, mr->rkey, mr};
   };
-  r.dereg = [](const Registration& reg) {
+  r.dereg = [pd](const Registration& reg) {
     auto* mr = static_cast<ibv_mr*>(reg.handle);
     if (absl::Status s = CheckRet(ibv_dereg_mr(mr), "ibv_dereg_mr"); !s.ok())
       fprintf(stderr, "grpc_rdma: %s\n", std::string(s.message()).c_str());

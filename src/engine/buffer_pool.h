@@ -123,7 +123,9 @@ class BufferPool {
 };
 
 // Registers with ibv_reg_mr in `pd` (a connection's own PD) with `access`.
-Registrar MakeVerbsRegistrar(ibv_pd* pd, int access);
+// Shares `pd`: the PD lives as long as the pool may deregister in it (a
+// pool of lent chunks can outlive its connection).
+Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access);
 
 }  // namespace grpc_rdma
 

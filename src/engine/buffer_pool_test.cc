@@ -196,7 +196,10 @@ TEST(BufferPool, RegistersInTheConnectionsPd) {
   ibv_pd* pd = ibv_alloc_pd(ctx);
   PinnedBudget budget(1 << 20);
   {
-    BufferPool pool(&budget, MakeVerbsRegistrar(pd, IBV_ACCESS_LOCAL_WRITE), 64 << 10);
+    BufferPool pool(&budget,
+                    MakeVerbsRegistrar(std::shared_ptr<ibv_pd>(pd, [](ibv_pd*) {}),
+                                       IBV_ACCESS_LOCAL_WRITE),
+                    64 << 10);
     auto b = pool.Get(10000);
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_NE(*b, nullptr);

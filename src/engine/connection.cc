@@ -87,16 +87,17 @@ absl::Status ConnImpl::SetupLocked() {
   ibv_context* ctx = id_->verbs;
   if (ctx == nullptr) return absl::UnavailableError("RDMA CM bound no device to the connection");
   // A PD of its own: the peer can reach nothing another connection owns.
-  ASSIGN_OR_RETURN(pd_, AllocPd(ctx));
+  ASSIGN_OR_RETURN(Pd pd, AllocPd(ctx));
+  pd_ = std::shared_ptr<ibv_pd>(pd.release(), internal::ReleasePd);
   ASSIGN_OR_RETURN(channel_, CreateCompChannel(ctx));
   int cqe = 2 * o.eager_depth + 2 * o.chunks_in_flight + 64;
   ASSIGN_OR_RETURN(cq_, CreateCq(ctx, cqe, this, channel_.get()));
   local_pool_ = std::make_unique<BufferPool>(
-      &engine_->budget, MakeVerbsRegistrar(pd_.get(), IBV_ACCESS_LOCAL_WRITE),
+      &engine_->budget, MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE),
       std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
   remote_pool_ = std::make_shared<BufferPool>(
       &engine_->budget,
-      MakeVerbsRegistrar(pd_.get(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+      MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
       o.chunk_size);
   ibv_qp_init_attr a{};
   a.send_cq = a.recv_cq = cq_.get();

@@ -95,7 +95,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   const bool passive_;
   // Owners, in the order rdma-core needs them torn down in reverse.
   CmId id_;
-  Pd pd_;
+  // Shared with the pools' registrars: lent chunks may outlive us, and
+  // their memory regions must go before the PD.
+  std::shared_ptr<ibv_pd> pd_;
   CompChannel channel_;
   Cq cq_;
   std::unique_ptr<BufferPool> local_pool_;   // eager send/receive buffers

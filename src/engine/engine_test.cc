@@ -294,3 +294,41 @@ TEST(Engine, ReadsFailAfterLocalShutdownWithUnreadData) {
 
 }  // namespace
 }  // namespace grpc_rdma
+
+namespace grpc_rdma {
+namespace {
+
+// gRPC may keep a received slice (a lent chunk) after the connection and
+// the engine are gone: the chunk's memory region and its PD must still go
+// cleanly when it is dropped (no "ibv_dealloc_pd: busy", nothing leaked).
+TEST(Engine, LentChunkOutlivingItsConnectionFreesItsPd) {
+  ::testing::internal::CaptureStderr();
+  {
+    std::vector<RecvChunk> kept;  // outlives the connections and engines
+    size_t zero_copy = 0;
+    {
+      Pair p;
+      ASSERT_TRUE(p.Open(Options{}));
+      ASSERT_TRUE(WriteAll(*p.c, Pattern(1 << 20, 3)).ok());
+      size_t got = 0;
+      while (got < (1u << 20)) {
+        std::promise<absl::StatusOr<std::vector<RecvChunk>>> r;
+        p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> x) { r.set_value(std::move(x)); });
+        auto chunks = r.get_future().get();
+        ASSERT_TRUE(chunks.ok()) << chunks.status();
+        for (RecvChunk& c : *chunks) {
+          got += c.size();
+          zero_copy += c.zero_copy();
+          kept.push_back(std::move(c));
+        }
+      }
+      p.Close();  // connections and engines go; `kept` still holds chunks
+    }
+    EXPECT_GT(zero_copy, 0u);
+  }  // the chunks go last
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err.find("ibv_dealloc_pd"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace grpc_rdma

@@ -49,6 +49,8 @@ class Handle {
   void reset() {
     if (p_ != nullptr) Release(std::exchange(p_, nullptr));
   }
+  // Gives up ownership (e.g. to a shared_ptr with Release as its deleter).
+  T* release() { return std::exchange(p_, nullptr); }
 
  private:
   T* p_ = nullptr;
