@@ -5,6 +5,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,19 @@ void DumpStatsAtExit() {
   fclose(f);
 }
 
+// TF_RDMA_ACC_SIZE is about payloads: a gRPC message of ACC_SIZE bytes must
+// go eagerly. On the stream it comes with gRPC's and HTTP/2's framing (a
+// 5-byte message prefix, 9-byte frame headers, and the call's HEADERS frame
+// when chttp2 writes them together), so the engine's eager limit is
+// ACC_SIZE plus room for that.
+constexpr uint64_t kFramingRoom = 1024;
+
+Options EngineOptions(const Options& o) {
+  Options e = o;
+  e.acc_size = std::min(o.acc_size + kFramingRoom, o.chunk_size);
+  return e;
+}
+
 }  // namespace
 
 Runtime* Runtime::Get() { return g_runtime.load(std::memory_order_acquire); }
@@ -61,10 +75,10 @@ Engine* Runtime::engine() {
   std::lock_guard<std::mutex> g(mu_);
   if (!tried_) {
     tried_ = true;
-    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(options_);
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(EngineOptions(options_));
     if (e.ok()) {
       engine_ = std::move(*e);
-      GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(options_).c_str());
+      GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(engine_->options()).c_str());
     } else {
       unavailable_ = std::string(e.status().message());
       gpr_log(GPR_INFO, "grpc_rdma: RDMA is not available (%s): gRPC uses TCP",
