@@ -105,8 +105,8 @@ void EpDestroy(grpc_endpoint* ep) {
   auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
   State* st = e->st.get();
   st->conn->Shutdown(absl::UnavailableError("endpoint destroyed"));
-  UntrackConnection(st->conn.get());  // before adding: a snapshot never counts twice
-  GlobalCounters().AddClosed(st->conn->stats());
+  // Shut down: its counts are final.
+  UntrackConnection(st->conn.get(), st->conn->stats());
   GlobalCounters().rdma_open.fetch_sub(1);
   GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
   delete e;

@@ -2,31 +2,34 @@
 
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 namespace grpc_rdma {
 namespace {
 
+void Add(ConnectionStats* t, const ConnectionStats& s) {
+  t->bytes_sent += s.bytes_sent;
+  t->bytes_received += s.bytes_received;
+  t->eager_messages += s.eager_messages;
+  t->coalesced_writes += s.coalesced_writes;
+  t->rendezvous += s.rendezvous;
+  t->chunks_zero_copy += s.chunks_zero_copy;
+  t->chunks_copied += s.chunks_copied;
+  t->credit_messages += s.credit_messages;
+}
+
 struct Registry {
-  std::mutex mu;
+  std::mutex mu;  // taken before any engine lock (Connection::stats)
   std::unordered_map<const Connection*, std::weak_ptr<Connection>> open;
+  ConnectionStats closed;
 };
 
-Registry& Open() {
+Registry& R() {
   static auto* r = new Registry;  // never destroyed: used from atexit
   return *r;
 }
 
 }  // namespace
-
-void Counters::AddClosed(const ConnectionStats& s) {
-  bytes_sent += s.bytes_sent;
-  bytes_received += s.bytes_received;
-  eager += s.eager_messages;
-  coalesced += s.coalesced_writes;
-  rendezvous += s.rendezvous;
-  zero_copy += s.chunks_zero_copy;
-  copied += s.chunks_copied;
-}
 
 Counters& GlobalCounters() {
   static auto* c = new Counters;
@@ -34,33 +37,20 @@ Counters& GlobalCounters() {
 }
 
 void TrackConnection(const std::shared_ptr<Connection>& c) {
-  std::lock_guard<std::mutex> g(Open().mu);
-  Open().open[c.get()] = c;
+  std::lock_guard<std::mutex> g(R().mu);
+  R().open[c.get()] = c;
 }
 
-void UntrackConnection(const Connection* c) {
-  std::lock_guard<std::mutex> g(Open().mu);
-  Open().open.erase(c);
+void UntrackConnection(const Connection* c, const ConnectionStats& final_stats) {
+  std::lock_guard<std::mutex> g(R().mu);
+  if (R().open.erase(c) != 0) Add(&R().closed, final_stats);
 }
 
-ConnectionStats OpenConnectionTotals() {
-  std::vector<std::shared_ptr<Connection>> live;
-  {
-    std::lock_guard<std::mutex> g(Open().mu);
-    for (auto& [k, w] : Open().open) {
-      if (auto c = w.lock()) live.push_back(std::move(c));
-    }
-  }
-  ConnectionStats t;
-  for (auto& c : live) {
-    ConnectionStats s = c->stats();
-    t.bytes_sent += s.bytes_sent;
-    t.bytes_received += s.bytes_received;
-    t.eager_messages += s.eager_messages;
-    t.coalesced_writes += s.coalesced_writes;
-    t.rendezvous += s.rendezvous;
-    t.chunks_zero_copy += s.chunks_zero_copy;
-    t.chunks_copied += s.chunks_copied;
+ConnectionStats StreamTotals() {
+  std::lock_guard<std::mutex> g(R().mu);
+  ConnectionStats t = R().closed;
+  for (auto& [k, w] : R().open) {
+    if (auto c = w.lock()) Add(&t, c->stats());
   }
   return t;
 }
