@@ -237,20 +237,6 @@ class Bench {
   std::unique_ptr<grpc::Server> server_;
 };
 
-int Serve(const std::string& addr) {
-  grpc_rdma_test::EchoService service;
-  int port = 0;
-  auto server = grpc_rdma_test::StartEchoServer(addr, &port, &service);
-  if (server == nullptr || port == 0) Die("cannot serve on " + addr);
-  printf("port %d\n", port);
-  fflush(stdout);
-  char buf[64];
-  while (read(0, buf, sizeof(buf)) > 0) {
-  }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return 0;
-}
-
 int Usage() {
   fprintf(stderr,
           "usage: grpc_bench serve ADDR\n"
@@ -263,7 +249,8 @@ int Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::string(argv[1]) == "serve") return Serve(argv[2]);
+  if (argc >= 3 && std::string(argv[1]) == "serve")
+    return grpc_rdma_test::ServeUntilStdinCloses(argv[2], grpc::InsecureServerCredentials(), 1);
   if (argc < 3 || std::string(argv[1]) != "run") return Usage();
   Args a;
   for (int i = 2; i < argc; ++i) {

@@ -1,6 +1,9 @@
 #include "echo_service.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <chrono>
 #include <cstdlib>
@@ -82,6 +85,24 @@ std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port
   b.SetMaxReceiveMessageSize(-1);
   b.SetMaxSendMessageSize(-1);
   return b.BuildAndStart();
+}
+
+int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
+                          int grace_s) {
+  EchoService service;
+  int port = 0;
+  auto server = StartEchoServer(addr, &port, &service, std::move(creds));
+  if (server == nullptr || port == 0) {
+    fprintf(stderr, "cannot serve on %s\n", addr.c_str());
+    return 1;
+  }
+  printf("port %d\n", port);
+  fflush(stdout);
+  char buf[256];
+  while (read(0, buf, sizeof(buf)) > 0) {
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace_s));
+  return 0;
 }
 
 grpc::ChannelArguments BigMessageArgs() {

@@ -40,6 +40,12 @@ std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port
                                               std::shared_ptr<grpc::ServerCredentials> creds =
                                                   grpc::InsecureServerCredentials());
 
+// Serves EchoService on `addr` for a test driver in another process: prints
+// "port N" on stdout, serves until stdin closes, then shuts down (grace
+// `grace_s` seconds). Returns the exit code (1: cannot listen).
+int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
+                          int grace_s);
+
 // Channel arguments that let the largest test messages through.
 grpc::ChannelArguments BigMessageArgs();
 

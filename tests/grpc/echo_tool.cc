@@ -39,26 +39,13 @@ std::string ReadFile(const std::string& path) {
 }
 
 int Serve(const std::string& addr, const std::string& cert, const std::string& key) {
-  grpc_rdma_test::EchoService service;
-  int port = 0;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!cert.empty()) {
     grpc::SslServerCredentialsOptions o;
     o.pem_key_cert_pairs.push_back({ReadFile(key), ReadFile(cert)});
     creds = grpc::SslServerCredentials(o);
   }
-  auto server = grpc_rdma_test::StartEchoServer(addr, &port, &service, creds);
-  if (server == nullptr || port == 0) {
-    fprintf(stderr, "echo_tool: cannot serve on %s\n", addr.c_str());
-    return 1;
-  }
-  printf("port %d\n", port);
-  fflush(stdout);
-  char buf[256];
-  while (read(0, buf, sizeof(buf)) > 0) {
-  }
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, 2);
 }
 
 int Call(const std::string& target, const std::string& ca, const std::string& host) {
