@@ -290,6 +290,73 @@ bool EngineImpl::PollAllLocked(Deferred* d) {
   return seen > 0 || d->size() > before;
 }
 
+// What epoll reported, then every CQ. True when anything happened. The
+// poller thread and PollNow (a host event loop) may both be woken for the
+// same event: whoever comes second finds it gone, so nothing here blocks
+// on a source without checking it is readable first.
+bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, Deferred* d) {
+  for (int i = 0; i < n; ++i) {
+    uint64_t tag = evs[i].data.u64;
+    if (tag == kTagWake) {
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof(v));
+    } else if (tag == kTagCm) {
+      pollfd p{events_->fd, POLLIN, 0};
+      while (poll(&p, 1, 0) == 1) {
+        rdma_cm_event* e = nullptr;
+        if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) break;
+        // Copy what we need, then ack before acting (acting may destroy ids).
+        rdma_cm_event copy = *e;
+        uint8_t pdata[256];
+        if (e->param.conn.private_data && e->param.conn.private_data_len) {
+          memcpy(pdata, e->param.conn.private_data, e->param.conn.private_data_len);
+          copy.param.conn.private_data = pdata;
+        }
+        rdma_ack_cm_event(e);
+        HandleCmEventLocked(&copy, d);
+      }
+    } else {
+      auto c = Find(reinterpret_cast<rdma_cm_id*>(tag));
+      if (c && c->channel_fd() >= 0) {
+        ibv_cq* cq;
+        void* ctx;
+        pollfd p{c->channel_fd(), POLLIN, 0};
+        // One event per arm; ack at once (destroying a CQ waits for it).
+        if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(c->channel(), &cq, &ctx) == 0)
+          ibv_ack_cq_events(cq, 1);
+      }
+    }
+  }
+  // Connect deadlines.
+  uint64_t now = NowMicros();
+  std::vector<std::shared_ptr<ConnImpl>> late;
+  for (auto& [id, c] : conns_)
+    if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
+      late.push_back(c);
+  for (auto& c : late)
+    FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
+  return PollAllLocked(d) || n > 0;
+}
+
+bool EngineImpl::PollNow() {
+  last_host_poll_us.store(NowMicros(), std::memory_order_relaxed);
+  epoll_event evs[64];
+  Deferred d;
+  bool did;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (stop_) return false;
+    int n = epoll_wait(epfd_, evs, 64, 0);
+    did = HandleEventsLocked(evs, n, &d);
+    // The event loop goes back to waiting on event_fd(): arm every CQ so
+    // the next completion raises an event, then look once more.
+    for (auto& [id, c] : conns_) c->ArmCqLocked();
+    did |= PollAllLocked(&d);
+  }
+  for (auto& f : d) f();
+  return did;
+}
+
 void EngineImpl::PollerMain() {
   const bool busy = options.poll_mode == PollMode::kBusy;
   const bool adaptive = options.poll_mode == PollMode::kAdaptive;
@@ -299,7 +366,9 @@ void EngineImpl::PollerMain() {
     // Idle: block until an armed CQ, the CM or a wake-up says something
     // (no periodic wake-ups: an idle connection costs nothing).
     int timeout = -1;
-    if (busy || (adaptive && NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
+    const bool external = external_polling.load(std::memory_order_relaxed);
+    if (busy || (adaptive && !external &&
+                 NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
       timeout = 0;
     Deferred early;
     {
@@ -316,53 +385,33 @@ void EngineImpl::PollerMain() {
       }
     }
     for (auto& f : early) f();
-    int n = epoll_wait(epfd_, evs, 64, timeout);
+    int n;
+    uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_relaxed);
+    if (external && timeout != 0 && since_host < kHostActiveUs) {
+      // The host loop is polling (it called PollNow lately): it handles
+      // events, on the threads that wait for them. Waking this thread for
+      // each would cost a thread switch per message; look only every
+      // kBackupUs, in case the host stops polling.
+      pollfd p{wake_fd_, POLLIN, 0};
+      int ms = static_cast<int>(kBackupUs / 1000);
+      if (timeout > 0 && timeout < ms) ms = timeout;
+      poll(&p, 1, ms);
+      n = epoll_wait(epfd_, evs, 64, 0);
+    } else {
+      n = epoll_wait(epfd_, evs, 64, timeout);
+      if (n > 0 && external && timeout != 0) {
+        // The host loop was woken too: let its thread, the one that waits
+        // for what this event brings, handle it; step in only if it has
+        // not within the grace (nobody is polling there).
+        std::this_thread::sleep_for(std::chrono::microseconds(kExternalGraceUs));
+        n = epoll_wait(epfd_, evs, 64, 0);
+      }
+    }
     Deferred d;
     {
       std::lock_guard<std::mutex> g(mu);
       if (stop_) return;
-      for (int i = 0; i < n; ++i) {
-        uint64_t tag = evs[i].data.u64;
-        if (tag == kTagWake) {
-          uint64_t v;
-          (void)!read(wake_fd_, &v, sizeof(v));
-        } else if (tag == kTagCm) {
-          rdma_cm_event* e = nullptr;
-          while (rdma_get_cm_event(events_.get(), &e) == 0 && e != nullptr) {
-            // Copy what we need, then ack before acting (acting may destroy ids).
-            rdma_cm_event copy = *e;
-            uint8_t pdata[256];
-            if (e->param.conn.private_data && e->param.conn.private_data_len) {
-              memcpy(pdata, e->param.conn.private_data, e->param.conn.private_data_len);
-              copy.param.conn.private_data = pdata;
-            }
-            rdma_ack_cm_event(e);
-            HandleCmEventLocked(&copy, &d);
-            e = nullptr;
-            pollfd p{events_->fd, POLLIN, 0};
-            if (poll(&p, 1, 0) != 1) break;
-          }
-        } else {
-          auto c = Find(reinterpret_cast<rdma_cm_id*>(tag));
-          if (c && c->channel_fd() >= 0) {
-            ibv_cq* cq;
-            void* ctx;
-            pollfd p{c->channel_fd(), POLLIN, 0};
-            // One event per arm; ack at once (destroying a CQ waits for it).
-            if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(c->channel(), &cq, &ctx) == 0)
-              ibv_ack_cq_events(cq, 1);
-          }
-        }
-      }
-      // Connect deadlines.
-      uint64_t now = NowMicros();
-      std::vector<std::shared_ptr<ConnImpl>> late;
-      for (auto& [id, c] : conns_)
-        if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
-          late.push_back(c);
-      for (auto& c : late)
-        FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), &d);
-      if (PollAllLocked(&d) || n > 0) last_active = NowMicros();
+      if (HandleEventsLocked(evs, n, &d)) last_active = NowMicros();
     }
     for (auto& f : d) f();
   }
@@ -391,6 +440,14 @@ absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_acc
 }
 
 void Engine::StopListening(const sockaddr_in& addr) { impl_->StopListening(addr); }
+
+int Engine::event_fd() const { return impl_->event_fd(); }
+
+bool Engine::PollNow() { return impl_->PollNow(); }
+void Engine::SetExternalPolling(bool on) {
+  impl_->external_polling = on;
+  impl_->Wake();  // the poller re-reads it
+}
 
 const Options& Engine::options() const { return impl_->options; }
 

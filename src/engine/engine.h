@@ -126,6 +126,20 @@ class Engine {
   // listener's `on_accept` afterwards.
   void StopListening(const sockaddr_in& addr);
 
+  // For a host event loop (gRPC's pollers): a descriptor that becomes
+  // readable when the engine has something to handle, and a call that
+  // handles what is ready without blocking, running callbacks on the calling
+  // thread. Do not close the descriptor. While SetExternalPolling(true),
+  // the engine's poller does not spin; while the host loop calls PollNow
+  // (it did within 100 ms), the poller wakes only every 20 ms in case the
+  // host stops; otherwise it leaves each event to the host for 250 us
+  // before handling it itself. So the host thread that waits for a
+  // completion is the one that handles it, and nothing stalls for long
+  // when no host thread polls.
+  int event_fd() const;
+  bool PollNow();
+  void SetExternalPolling(bool on);
+
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections
 

@@ -4,6 +4,8 @@
 #ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
 #define GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <deque>
 #include <map>
@@ -151,6 +153,18 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
   void StopListening(const sockaddr_in& addr);
 
+  int event_fd() const { return epfd_; }
+  // A host event loop polls event_fd() (SetExternalPolling): the poller
+  // does not spin. While the host called PollNow within kHostActiveUs, the
+  // poller only looks every kBackupUs; otherwise it leaves each event to
+  // the host for kExternalGraceUs before handling it.
+  std::atomic<bool> external_polling{false};
+  std::atomic<uint64_t> last_host_poll_us{0};
+  static constexpr int kExternalGraceUs = 250;
+  static constexpr uint64_t kHostActiveUs = 100000;
+  static constexpr uint64_t kBackupUs = 20000;
+  bool PollNow();
+
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();
   void WatchLocked(ConnImpl* c);
@@ -162,6 +176,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
  private:
   void PollerMain();
   void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
+  bool HandleEventsLocked(const epoll_event* evs, int n, Deferred* d);
   void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
   void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
   std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);

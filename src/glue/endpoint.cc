@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "glue/runtime.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
 #include "src/core/lib/iomgr/closure.h"
@@ -28,6 +29,7 @@ struct State {
   std::shared_ptr<Connection> conn;
   std::string peer, local;
   bool server = false;
+  bool polling = false;  // acquired gRPC polling of the engine
 };
 
 struct RdmaEndpoint {
@@ -108,6 +110,7 @@ void EpDestroy(grpc_endpoint* ep) {
   // Shut down: its counts are final.
   UntrackConnection(st->conn.get(), st->conn->stats());
   GlobalCounters().rdma_open.fetch_sub(1);
+  if (st->polling) Runtime::Get()->ReleasePolling();
   GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
   delete e;
 }
@@ -149,6 +152,10 @@ grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server)
   e->st->server = server;
   TrackConnection(conn);
   e->st->conn = std::move(conn);
+  if (Runtime* rt = Runtime::Get()) {
+    rt->AcquirePolling();
+    e->st->polling = true;
+  }
   Counters& c = GlobalCounters();
   (server ? c.rdma_server : c.rdma_client).fetch_add(1);
   c.rdma_open.fetch_add(1);

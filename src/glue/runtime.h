@@ -37,6 +37,12 @@ class Runtime {
   // Registered memory in use (0 before the engine exists; never creates it).
   uint64_t pinned_bytes();
 
+  // gRPC's pollers poll the engine too while there is an RDMA endpoint or
+  // listener (grpc_polling.cc); each creation acquires, each end releases.
+  // Call with an ExecCtx.
+  void AcquirePolling();
+  void ReleasePolling();
+
   // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
   // failed goes straight to TCP for TF_RDMA_FALLBACK_TTL_S seconds.
   bool RecentlyFailed(const std::string& key);

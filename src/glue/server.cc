@@ -109,6 +109,7 @@ void StopRdma(Server* s) {
   for (const sockaddr_in& a : listeners) {
     GRPC_RDMA_TRACE("server: stops listening on RDMA CM port %u", ntohs(a.sin_port));
     engine->StopListening(a);
+    Runtime::Get()->ReleasePolling();
   }
 }
 
@@ -219,6 +220,7 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
   }
   GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, *out_port);
   sin.sin_port = htons(*port);
+  Runtime::Get()->AcquirePolling();
   std::lock_guard<std::mutex> g(s->mu);
   s->rdma_listeners.push_back(sin);
   return err;
