@@ -8,6 +8,8 @@
 //                                      two channels, one after the other;
 //                                      checks every byte; exit 0 when all
 //                                      came back
+//   echo_tool idle TARGET SECONDS      one call, then holds the channel
+//                                      open and idle; prints "idle" first
 //   echo_tool watch TARGET             a long server stream; prints
 //                                      "streaming" once it flows, then reads
 //                                      until it ends; exit 0 when it ended
@@ -109,11 +111,25 @@ int Watch(const std::string& target) {
   return s.ok() ? 1 : 0;
 }
 
+int Idle(const std::string& target, int seconds) {
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), grpc_rdma_test::BigMessageArgs()));
+  Blob req, resp;
+  req.set_data("hello");
+  grpc::ClientContext ctx;
+  if (!stub->Unary(&ctx, req, &resp).ok()) return 1;
+  printf("idle\n");
+  fflush(stdout);
+  sleep(static_cast<unsigned>(seconds));
+  return 0;
+}
+
 int Usage() {
   fprintf(stderr,
           "usage: echo_tool serve ADDR:PORT [--tls CERT KEY]\n"
           "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
-          "       echo_tool watch TARGET\n");
+          "       echo_tool watch TARGET\n"
+          "       echo_tool idle TARGET SECONDS\n");
   return 2;
 }
 
@@ -125,11 +141,14 @@ int main(int argc, char** argv) {
   if (argc == 6 && std::string(argv[3]) == "--tls") {
     a = argv[4];
     b = argv[5];
+  } else if (argc == 4 && mode == "idle") {
+    a = argv[3];
   } else if (argc != 3) {
     return Usage();
   }
   if (mode == "serve") return Serve(addr, a, b);
   if (mode == "call") return Call(addr, a, b);
   if (mode == "watch") return Watch(addr);
+  if (mode == "idle" && !a.empty() && b.empty()) return Idle(addr, atoi(a.c_str()));
   return Usage();
 }
