@@ -67,6 +67,9 @@ struct Stats {
   uint64_t chunks_copied = 0;
   // Registered (pinned) memory in use now, bytes.
   uint64_t pinned_bytes = 0;
+  // Times a gRPC polling thread found RDMA work and did it itself (the fast
+  // path; see docs/design.md), rather than leaving it to the engine's thread.
+  uint64_t grpc_thread_polls = 0;
   // Why RDMA is off, when it is (empty otherwise).
   std::string rdma_unavailable;
 };

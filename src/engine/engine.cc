@@ -294,10 +294,11 @@ bool EngineImpl::PollAllLocked(Deferred* d) {
 // poller thread and PollNow (a host event loop) may both be woken for the
 // same event: whoever comes second finds it gone, so nothing here blocks
 // on a source without checking it is readable first.
-bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, Deferred* d) {
+bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d) {
   for (int i = 0; i < n; ++i) {
     uint64_t tag = evs[i].data.u64;
     if (tag == kTagWake) {
+      if (!take_wake) continue;  // the poller's: it may be waiting for it
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof(v));
     } else if (tag == kTagCm) {
@@ -346,14 +347,19 @@ bool EngineImpl::PollNow() {
   {
     std::lock_guard<std::mutex> g(mu);
     if (stop_) return false;
-    int n = epoll_wait(epfd_, evs, 64, 0);
-    did = HandleEventsLocked(evs, n, &d);
+    did = false;
+    int n;
+    do {  // all of it: what stays ready inner raises no new edge outside
+      n = epoll_wait(epfd_, evs, 64, 0);
+      did |= HandleEventsLocked(evs, n, /*take_wake=*/false, &d);
+    } while (n == 64);
     // The event loop goes back to waiting on event_fd(): arm every CQ so
     // the next completion raises an event, then look once more.
     for (auto& [id, c] : conns_) c->ArmCqLocked();
     did |= PollAllLocked(&d);
   }
   for (auto& f : d) f();
+  if (did) host_polls.fetch_add(1, std::memory_order_relaxed);
   return did;
 }
 
@@ -411,7 +417,7 @@ void EngineImpl::PollerMain() {
     {
       std::lock_guard<std::mutex> g(mu);
       if (stop_) return;
-      if (HandleEventsLocked(evs, n, &d)) last_active = NowMicros();
+      if (HandleEventsLocked(evs, n, /*take_wake=*/true, &d)) last_active = NowMicros();
     }
     for (auto& f : d) f();
   }
@@ -442,6 +448,8 @@ absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_acc
 void Engine::StopListening(const sockaddr_in& addr) { impl_->StopListening(addr); }
 
 int Engine::event_fd() const { return impl_->event_fd(); }
+
+uint64_t Engine::host_polls() const { return impl_->host_polls.load(std::memory_order_relaxed); }
 
 bool Engine::PollNow() { return impl_->PollNow(); }
 void Engine::SetExternalPolling(bool on) {

@@ -139,6 +139,7 @@ class Engine {
   int event_fd() const;
   bool PollNow();
   void SetExternalPolling(bool on);
+  uint64_t host_polls() const;  // PollNow calls that found something to do
 
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections

@@ -160,6 +160,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // the host for kExternalGraceUs before handling it.
   std::atomic<bool> external_polling{false};
   std::atomic<uint64_t> last_host_poll_us{0};
+  std::atomic<uint64_t> host_polls{0};  // PollNow calls that found work
   static constexpr int kExternalGraceUs = 250;
   static constexpr uint64_t kHostActiveUs = 100000;
   static constexpr uint64_t kBackupUs = 20000;
@@ -176,7 +177,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
  private:
   void PollerMain();
   void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
-  bool HandleEventsLocked(const epoll_event* evs, int n, Deferred* d);
+  bool HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d);
   void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
   void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
   std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);

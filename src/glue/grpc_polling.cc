@@ -6,6 +6,10 @@
 // The engine's poller keeps running: whoever gets to an event first
 // handles it. Only with gRPC's epoll1 engine (Linux's default), where a
 // registered descriptor is polled by whichever thread polls.
+//
+// An RDMA endpoint or listener still alive at grpc_shutdown keeps the
+// registration, and gRPC waits for it as for any leaked TCP endpoint.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -48,6 +52,9 @@ void OnReadable(void* arg, grpc_error_handle error) {
     delete r;
     return;
   }
+  // Shut down by someone else (nothing in gRPC 1.51 does): re-arming a
+  // shut-down fd would run this again at once, forever.
+  if (!error.ok()) return;
   grpc_fd_notify_on_read(r->fd, &r->on_readable);
 }
 
@@ -63,7 +70,7 @@ void Runtime::AcquirePolling() {
   if (e == nullptr || options_.poll_mode == PollMode::kBusy) return;
   std::lock_guard<std::mutex> g(P().mu);
   if (P().users++ > 0 || !Supported()) return;
-  int fd = dup(e->event_fd());
+  int fd = fcntl(e->event_fd(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return;
   auto* r = new Registration;
   r->engine = e;
@@ -82,10 +89,13 @@ void Runtime::ReleasePolling() {
   P().current = nullptr;
   r->stopped = true;
   r->engine->SetExternalPolling(false);
-  // The pending notification runs with this error and deletes r; gRPC's
-  // iomgr must have no descriptor of ours left when it shuts down.
-  grpc_fd_shutdown(r->fd, GRPC_ERROR_CREATE("grpc_rdma: no RDMA connection left"));
-  grpc_fd_orphan(r->fd, nullptr, nullptr, "grpc_rdma: no RDMA connection left");
+  // Released, not closed by gRPC: that takes it out of gRPC's epoll set
+  // (closing our dup would not, the engine's descriptor of the same epoll
+  // stays open). The pending notification runs with an error and deletes
+  // r; gRPC's iomgr has no object of ours left when it shuts down.
+  int fd = -1;
+  grpc_fd_orphan(r->fd, nullptr, &fd, "grpc_rdma: no RDMA connection left");
+  if (fd >= 0) close(fd);
 }
 
 }  // namespace grpc_rdma

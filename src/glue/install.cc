@@ -98,6 +98,11 @@ uint64_t Runtime::pinned_bytes() {
   return engine_ ? engine_->pinned_bytes() : 0;
 }
 
+uint64_t Runtime::host_polls() {
+  std::lock_guard<std::mutex> g(mu_);
+  return engine_ ? engine_->host_polls() : 0;
+}
+
 bool Runtime::RecentlyFailed(const std::string& key) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = failed_.find(key);
@@ -207,6 +212,7 @@ Stats GetStats() {
   if (Runtime* rt = Runtime::Get()) {
     s.rdma_unavailable = rt->unavailable();
     s.pinned_bytes = rt->pinned_bytes();
+    s.grpc_thread_polls = rt->host_polls();
   }
   return s;
 }
@@ -227,7 +233,8 @@ std::string StatsJson(const Stats& s) {
       ",\"bytes_received\":", s.bytes_received, ",\"eager_messages\":", s.eager_messages,
       ",\"coalesced_writes\":", s.coalesced_writes, ",\"rendezvous\":", s.rendezvous,
       ",\"chunks_zero_copy\":", s.chunks_zero_copy, ",\"chunks_copied\":", s.chunks_copied,
-      ",\"pinned_bytes\":", s.pinned_bytes, ",\"rdma_unavailable\":\"", why, "\"}");
+      ",\"pinned_bytes\":", s.pinned_bytes, ",\"grpc_thread_polls\":", s.grpc_thread_polls,
+      ",\"rdma_unavailable\":\"", why, "\"}");
 }
 
 namespace {

@@ -88,6 +88,7 @@ TEST_F(E2eTest, UnaryEverySize) {
   }
   ExpectRdma(1, total);
   EXPECT_GT(RdmaStats()["pinned_bytes"], 0) << "open RDMA connections hold registered memory";
+  EXPECT_GT(Delta("grpc_thread_polls"), 0) << "gRPC's threads never handled a completion";
   EXPECT_GT(Delta("eager_messages"), 0);
   EXPECT_GT(Delta("rendezvous"), 0);
 }

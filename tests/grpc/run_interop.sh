@@ -180,6 +180,9 @@ case "$CASE" in
     expect "$C" rdma_client_connections ge 2
     expect "$C" tcp_client_connections eq 0
     expect "$C" bytes_sent ge $(( 2 * ((4 << 20) + (1 << 20)) ))
+    # gRPC's own threads handled completions (the fast path is in use).
+    expect "$C" grpc_thread_polls ge 1
+    expect "$S" grpc_thread_polls ge 1
     expect "$S" rdma_server_connections ge 1
     expect "$S" tcp_server_connections eq 0
     grep -q "server saw peer ipv4:127.0.0.1:[0-9]*?transport=rdma" "$TMP/client.out" ||
