@@ -63,6 +63,7 @@ struct Stats {
   uint64_t eager_messages = 0;
   uint64_t coalesced_writes = 0;
   uint64_t rendezvous = 0;
+  uint64_t rendezvous_pre_granted = 0;  // ... written at once into a standing grant
   uint64_t chunks_zero_copy = 0;
   uint64_t chunks_copied = 0;
   // Registered (pinned) memory in use now, bytes.

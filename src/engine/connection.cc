@@ -15,6 +15,12 @@ namespace {
 
 constexpr uint64_t kRecvBit = 1ull << 63;
 constexpr uint64_t kMaxTransfer = 1ull << 40;
+// Standing grants (kPre): each side keeps this many landing buffers of up
+// to kStandingBytes granted to its peer ahead of time, so a message above
+// the eager limit and within them goes at once, in one RDMA WRITE, instead
+// of paying the RTS/CTS round trip; still received without a copy.
+constexpr int kStandingGrants = 2;
+constexpr uint32_t kStandingBytes = 512 * 1024;
 constexpr int kInline = 64;  // control messages go inline: no buffer needed
 
 absl::Status Closed(absl::string_view why) { return absl::UnavailableError(why); }
@@ -380,6 +386,43 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   return true;
 }
 
+// Writes the whole message at the head of the queue into the peer's
+// oldest standing grant.
+bool ConnImpl::WritePreGrantedLocked(Deferred* d) {
+  WriteOp& op = writes_.front();
+  OutGrant g = pre_grants_.front();
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, op.total, d);
+  if (b == nullptr) return false;
+  pre_grants_.pop_front();
+  CopyOut(op, 0, b->data, op.total);
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(op.total), b->reg.lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.imm_data = htonl(g.grant);
+  wr.wr.rdma.remote_addr = g.addr;
+  wr.wr.rdma.rkey = g.rkey;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    local_pool_->Put(b);
+    CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
+    return false;
+  }
+  inflight_[wr.wr_id] = b;
+  --peer_credits_;
+  --sq_free_;
+  op.copied = op.total;
+  stats_.bytes_sent += op.total;
+  ++stats_.rendezvous;
+  ++stats_.pre_granted;
+  WriteDone cb = std::move(op.done);
+  d->push_back([cb] { cb(absl::OkStatus()); });
+  writes_.pop_front();
+  return true;
+}
+
 void ConnImpl::PumpLocked(Deferred* d) {
   if (budget_woken_.exchange(false)) waiting_budget_ = false;
   // Credit rule: one of the peer's receives stays for credit updates, so
@@ -395,6 +438,11 @@ void ConnImpl::PumpLocked(Deferred* d) {
     }
     if (writes_.empty() || peer_credits_ < 2) break;
     WriteOp& op = writes_.front();
+    if (op.total > peer_acc_ && !op.rts_sent && op.copied == 0 && !pre_grants_.empty() &&
+        op.total <= pre_grants_.front().len) {
+      if (!WritePreGrantedLocked(d)) break;
+      continue;
+    }
     if (op.total > peer_acc_) {
       if (op.rts_sent) break;  // waiting for grants
       wire::Header h{};
@@ -423,6 +471,35 @@ void ConnImpl::PumpLocked(Deferred* d) {
 
 // ----------------------------------------------------------- receive path ---
 
+// Keeps kStandingGrants landing buffers granted to the peer ahead of time
+// (only from memory the budget has to spare: never waits for it).
+void ConnImpl::IssueStandingGrantsLocked() {
+  const Options& o = engine_->options;
+  uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, kStandingBytes));
+  if (len <= o.acc_size) return;  // every such message is eager anyway
+  while (standing_out_ < kStandingGrants && peer_credits_ >= 2 && sq_free_ > 0) {
+    // Held until the peer uses them: only from a budget three quarters
+    // free, so standing grants (across all connections) can never take the
+    // memory announced transfers need to make progress.
+    if (engine_->budget.used() + len > engine_->budget.cap() / 4) return;
+    absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
+    if (!b.ok() || *b == nullptr) return;
+    uint32_t id = next_grant_++;
+    wire::Header h{};
+    h.type = wire::kPre;
+    h.len = len;
+    h.a = reinterpret_cast<uint64_t>((*b)->data);
+    h.rkey = (*b)->reg.rkey;
+    h.grant = id;
+    if (!SendControlLocked(h)) {
+      remote_pool_->Put(*b);
+      return;
+    }
+    landings_[id] = Landing{*b, len, true};
+    ++standing_out_;
+  }
+}
+
 void ConnImpl::IssueGrantsLocked(Deferred* d) {
   const Options& o = engine_->options;
   while (in_active_ && in_granted_ < in_total_ &&
@@ -446,6 +523,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     landings_[id] = Landing{buf, len};
     in_granted_ += len;
   }
+  if (state_ == State::kUp && !in_active_) IssueStandingGrantsLocked();
 }
 
 void ConnImpl::Violation(const char* what, Deferred* d) {
@@ -490,6 +568,12 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
       out_next_offset_ += h.len;
       break;
     }
+    case wire::kPre:
+      if (h.len <= peer_acc_ || h.len > engine_->options.chunk_size ||
+          pre_grants_.size() >= static_cast<size_t>(kStandingGrants))
+        return Violation("bad standing grant", d);
+      pre_grants_.push_back(OutGrant{0, h.a, h.len, h.rkey, h.grant});
+      break;
     case wire::kCredit:
       break;
     case wire::kClose:
@@ -511,8 +595,17 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
   auto it = landings_.find(grant);
   if (index >= recv_bufs_.size() || it == landings_.end())
     return Violation("chunk for no grant", d);
-  if (wc.byte_len != it->second.len) return Violation("chunk of the wrong length", d);
   Landing land = it->second;
+  if (land.standing) {
+    // One whole message, above the eager limit, within the grant, and not
+    // in the middle of an announced transfer.
+    if (wc.byte_len <= engine_->options.acc_size || wc.byte_len > land.len || in_active_)
+      return Violation("bad write into a standing grant", d);
+    land.len = wc.byte_len;
+    --standing_out_;
+  } else if (wc.byte_len != land.len) {
+    return Violation("chunk of the wrong length", d);
+  }
   landings_.erase(it);
   // Lend the buffer to the reader, unless pinned memory runs short: then
   // copy and give it back, so a reader that holds data (gRPC keeps a whole
@@ -536,9 +629,11 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     }));
     ++stats_.chunks_zero_copy;
   }
-  in_received_ += land.len;
   stats_.bytes_received += land.len;
-  if (in_received_ == in_total_) in_active_ = false;
+  if (!land.standing) {
+    in_received_ += land.len;
+    if (in_received_ == in_total_) in_active_ = false;
+  }
   if (!PostRecvLocked(index)) {
     CloseLocked(absl::InternalError("ibv_post_recv failed"), d, true);
     return;

@@ -76,12 +76,15 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   struct Landing {  // our grant for the peer's rendezvous
     PinnedBuffer* buf;
     uint32_t len;
+    bool standing = false;  // kPre: one whole message of up to len bytes
   };
 
   void OnRecvLocked(const ibv_wc& wc, Deferred* d);
   void OnChunkLocked(const ibv_wc& wc, Deferred* d);
   bool PostRecvLocked(size_t index);
   bool SendControlLocked(wire::Header h);  // inline SEND
+  bool WritePreGrantedLocked(Deferred* d);
+  void IssueStandingGrantsLocked();
   bool SendEagerLocked(Deferred* d);
   bool WriteChunkLocked(Deferred* d);
   void IssueGrantsLocked(Deferred* d);
@@ -129,6 +132,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool in_active_ = false;
   uint64_t in_total_ = 0, in_received_ = 0, in_granted_ = 0;
   std::map<uint32_t, Landing> landings_;
+  int standing_out_ = 0;                // our kPre grants not yet used
+  std::deque<OutGrant> pre_grants_;     // the peer's kPre grants for us
   uint32_t next_grant_ = 1;
   bool waiting_budget_ = false;
   std::atomic<bool> budget_woken_{false};  // set by the budget's wake-up

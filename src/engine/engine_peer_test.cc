@@ -180,7 +180,10 @@ TEST(EnginePeers, PeerKilledMidTransfer) {
 // then writes outside it and tries to read what it was only allowed to
 // write. Its own operations fail with access errors; the engine closes that
 // connection and says why; another connection carries on.
-class RoguePeer : public ::testing::TestWithParam<bool> {};
+// Modes: "read" reads a grant (write-only), "write_past" writes past one,
+// "pre_small" writes a message the eager limit allows into a standing grant
+// (a protocol violation only the engine can see).
+class RoguePeer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   auto se = Engine::Create(Options{});
@@ -192,13 +195,13 @@ TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
     accepted.push_back(std::move(c));
   });
   ASSERT_TRUE(port.ok());
-  std::vector<std::string> env;
-  if (GetParam()) env.push_back("ROGUE_WRITE_PAST=1");
+  std::vector<std::string> env = {"ROGUE_MODE=" + GetParam()};
   pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, env);
   int status = 0;
   waitpid(child, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the rogue's out-of-bounds write and its read must fail";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the rogue's abuse must go as expected (" << GetParam()
+                                    << ")";
   // The honest path still works on the same engine.
   auto ce = Engine::Create(Options{});
   ASSERT_TRUE(ce.ok());
@@ -236,8 +239,13 @@ TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   EXPECT_TRUE(d.data == payload);
 }
 
-INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer, ::testing::Bool(),
-                         [](const auto& i) { return i.param ? "WritePastGrant" : "ReadGrant"; });
+INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer,
+                         ::testing::Values("read", "write_past", "pre_small"),
+                         [](const auto& i) {
+                           return i.param == "read"         ? std::string("ReadGrant")
+                                  : i.param == "write_past" ? std::string("WritePastGrant")
+                                                            : std::string("SmallWriteIntoStandingGrant");
+                         });
 
 void RunWithKnobs(const std::vector<std::string>& env, const char* mode) {
   pid_t child = Spawn({"--child", mode}, env);
@@ -352,22 +360,49 @@ int ChildRogue(uint16_t port) {
   w.opcode = IBV_WR_SEND;
   w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   ibv_post_send(id->qp, &w, &bad);
-  wire::Header cts{};
-  bool got = false;
+  const char* mode_env = getenv("ROGUE_MODE");
+  std::string mode = mode_env ? mode_env : "read";
+  wire::Header cts{}, pre{};
+  bool got = false, got_pre = false;
   for (int i = 0; i < 5000 && !got; ++i) {
     ibv_wc wc;
     while (ibv_poll_cq(cq, 1, &wc) == 1) {
       if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
-        memcpy(&cts, mem.data() + wc.wr_id * 65536, sizeof(cts));
-        if (cts.type == wire::kCts) got = true;
+        wire::Header h;
+        memcpy(&h, mem.data() + wc.wr_id * 65536, sizeof(h));
+        if (h.type == wire::kCts) cts = h, got = true;
+        if (h.type == wire::kPre && !got_pre) pre = h, got_pre = true;
       }
     }
     usleep(1000);
   }
   if (!got) return 13;
+  if (mode == "pre_small") {
+    // 100 bytes (the eager limit allows them) into a standing grant: the
+    // write itself is allowed by the HCA, the engine must refuse it.
+    if (!got_pre) return 15;
+    ibv_sge ps{reinterpret_cast<uint64_t>(mem.data()), 100, mr->lkey};
+    ibv_send_wr pw{}, *pbad;
+    pw.sg_list = &ps;
+    pw.num_sge = 1;
+    pw.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    pw.send_flags = IBV_SEND_SIGNALED;
+    pw.imm_data = htonl(pre.grant);
+    pw.wr.rdma.remote_addr = pre.a;
+    pw.wr.rdma.rkey = pre.rkey;
+    pw.wr_id = 98;
+    ibv_post_send(id->qp, &pw, &pbad);
+    for (int i = 0; i < 5000; ++i) {
+      ibv_wc wc;
+      if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 98)
+        return wc.status == IBV_WC_SUCCESS ? 0 : 16;
+      usleep(1000);
+    }
+    return 17;
+  }
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
-  bool write_past = getenv("ROGUE_WRITE_PAST") != nullptr;
+  bool write_past = mode == "write_past";
   ibv_sge rs{reinterpret_cast<uint64_t>(mem.data()), 64, mr->lkey};
   ibv_send_wr r{}, *rbad;
   r.sg_list = &rs;

@@ -6,7 +6,9 @@
 // the peer posted (eager_depth of them, each acc_size + kHeaderBytes), and
 // starts with a Header. Rendezvous chunks travel as RDMA WRITE WITH
 // IMMEDIATE into a buffer the receiver granted; the immediate is the grant
-// id. Both consume one of the peer's posted receives: one credit.
+// id. Both consume one of the peer's posted receives: one credit. A
+// mid-size message may instead go at once, whole, into a standing grant
+// (kPre) the receiver made ahead of time.
 //
 // Both ends are assumed to share byte order (all fields are host order);
 // the handshake's magic catches a mismatch.
@@ -19,7 +21,7 @@ namespace grpc_rdma {
 namespace wire {
 
 constexpr uint32_t kMagic = 0x52444d41;  // "RDMA"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 
 enum Type : uint8_t {
   kData = 1,    // payload: stream bytes (len of them)
@@ -28,16 +30,19 @@ enum Type : uint8_t {
                 // offset `offset` of it to `a`/`rkey`, immediate `grant`
   kCredit = 4,  // only returns credits
   kClose = 5,   // the sender closes its stream
+  kPre = 6,     // a standing grant: the peer may write one whole message of
+                // more than its eager limit and at most `len` bytes to
+                // `a`/`rkey`, immediate `grant`, without announcing it
 };
 
 struct Header {
   uint8_t type;
   uint8_t version;
   uint16_t credits;  // receives the sender reposted since its last message
-  uint32_t len;      // kData: payload bytes; kCts: grant length
-  uint64_t a;        // kRts: transfer length; kCts: address
-  uint32_t rkey;     // kCts
-  uint32_t grant;    // kCts
+  uint32_t len;      // kData: payload bytes; kCts, kPre: grant length
+  uint64_t a;        // kRts: transfer length; kCts, kPre: address
+  uint32_t rkey;     // kCts, kPre
+  uint32_t grant;    // kCts, kPre
   uint64_t offset;   // kCts: offset of the grant in the transfer
 };
 static_assert(sizeof(Header) == 32, "wire layout");

@@ -207,6 +207,7 @@ Stats GetStats() {
   s.eager_messages = t.eager_messages;
   s.coalesced_writes = t.coalesced_writes;
   s.rendezvous = t.rendezvous;
+  s.rendezvous_pre_granted = t.pre_granted;
   s.chunks_zero_copy = t.chunks_zero_copy;
   s.chunks_copied = t.chunks_copied;
   if (Runtime* rt = Runtime::Get()) {
@@ -232,6 +233,7 @@ std::string StatsJson(const Stats& s) {
       ",\"fallbacks_remembered\":", s.fallbacks_remembered, ",\"bytes_sent\":", s.bytes_sent,
       ",\"bytes_received\":", s.bytes_received, ",\"eager_messages\":", s.eager_messages,
       ",\"coalesced_writes\":", s.coalesced_writes, ",\"rendezvous\":", s.rendezvous,
+      ",\"rendezvous_pre_granted\":", s.rendezvous_pre_granted,
       ",\"chunks_zero_copy\":", s.chunks_zero_copy, ",\"chunks_copied\":", s.chunks_copied,
       ",\"pinned_bytes\":", s.pinned_bytes, ",\"grpc_thread_polls\":", s.grpc_thread_polls,
       ",\"rdma_unavailable\":\"", why, "\"}");
