@@ -102,7 +102,10 @@ class Bench {
         grpc::Status s = stub->Unary(&ctx, req, &resp);
         if (!s.ok()) Die("unary " + std::to_string(n) + " B: " + s.error_message());
       };
-      for (int i = 0; i < 20; ++i) call();  // warm-up
+      // Warm-up: 20 calls and at least 0.25 s, so that every transport's
+      // steady state (pollers, buffer pools, HTTP/2 windows) is reached.
+      auto warm = Clock::now() + std::chrono::milliseconds(250);
+      for (int i = 0; i < 20 || Clock::now() < warm; ++i) call();
       std::vector<double> us;
       auto end = Clock::now() + std::chrono::duration<double>(a_.seconds);
       while ((Clock::now() < end || us.size() < 20) && us.size() < 200000) {
