@@ -145,6 +145,7 @@ void ConnImpl::UpLocked() {
   };
   peer_ = addr(rdma_get_peer_addr(id_.get()));
   local_ = addr(rdma_get_local_addr(id_.get()));
+  IssueStandingGrantsLocked();  // before the peer's first mid-size message
 }
 
 bool ConnImpl::PostRecvLocked(size_t index) {

@@ -304,6 +304,43 @@ int ChildWriteForever(uint16_t port) {
   }
 }
 
+// Waits for one of the engine's standing grants (sent when the connection
+// comes up), then writes 100 bytes into it: the HCA allows the write, but
+// a message the eager limit allows has no business there, and the engine
+// must close the connection.
+int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
+  wire::Header pre{};
+  bool got = false;
+  for (int i = 0; i < 5000 && !got; ++i) {
+    ibv_wc wc;
+    while (ibv_poll_cq(cq, 1, &wc) == 1) {
+      if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
+        memcpy(&pre, mem + wc.wr_id * 65536, sizeof(pre));
+        if (pre.type == wire::kPre) got = true;
+      }
+    }
+    usleep(1000);
+  }
+  if (!got) return 15;
+  ibv_sge s{reinterpret_cast<uint64_t>(mem), 100, mr->lkey};
+  ibv_send_wr w{}, *bad;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  w.send_flags = IBV_SEND_SIGNALED;
+  w.imm_data = htonl(pre.grant);
+  w.wr.rdma.remote_addr = pre.a;
+  w.wr.rdma.rkey = pre.rkey;
+  w.wr_id = 98;
+  ibv_post_send(id->qp, &w, &bad);
+  for (int i = 0; i < 5000; ++i) {
+    ibv_wc wc;
+    if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 98) return wc.status == IBV_WC_SUCCESS ? 0 : 16;
+    usleep(1000);
+  }
+  return 17;
+}
+
 // Connects with raw rdma_cm as if it were an engine, announces a large
 // write, and abuses the grant it gets.
 int ChildRogue(uint16_t port) {
@@ -348,6 +385,9 @@ int ChildRogue(uint16_t port) {
   p.rnr_retry_count = 7;
   p.retry_count = 7;
   if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
+  const char* mode_env = getenv("ROGUE_MODE");
+  std::string mode = mode_env ? mode_env : "read";
+  if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
   // Announce a 1 MiB write: the engine answers with a grant.
   wire::Header rts{};
   rts.type = wire::kRts;
@@ -360,46 +400,19 @@ int ChildRogue(uint16_t port) {
   w.opcode = IBV_WR_SEND;
   w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   ibv_post_send(id->qp, &w, &bad);
-  const char* mode_env = getenv("ROGUE_MODE");
-  std::string mode = mode_env ? mode_env : "read";
-  wire::Header cts{}, pre{};
-  bool got = false, got_pre = false;
+  wire::Header cts{};
+  bool got = false;
   for (int i = 0; i < 5000 && !got; ++i) {
     ibv_wc wc;
     while (ibv_poll_cq(cq, 1, &wc) == 1) {
       if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
-        wire::Header h;
-        memcpy(&h, mem.data() + wc.wr_id * 65536, sizeof(h));
-        if (h.type == wire::kCts) cts = h, got = true;
-        if (h.type == wire::kPre && !got_pre) pre = h, got_pre = true;
+        memcpy(&cts, mem.data() + wc.wr_id * 65536, sizeof(cts));
+        if (cts.type == wire::kCts) got = true;
       }
     }
     usleep(1000);
   }
   if (!got) return 13;
-  if (mode == "pre_small") {
-    // 100 bytes (the eager limit allows them) into a standing grant: the
-    // write itself is allowed by the HCA, the engine must refuse it.
-    if (!got_pre) return 15;
-    ibv_sge ps{reinterpret_cast<uint64_t>(mem.data()), 100, mr->lkey};
-    ibv_send_wr pw{}, *pbad;
-    pw.sg_list = &ps;
-    pw.num_sge = 1;
-    pw.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-    pw.send_flags = IBV_SEND_SIGNALED;
-    pw.imm_data = htonl(pre.grant);
-    pw.wr.rdma.remote_addr = pre.a;
-    pw.wr.rdma.rkey = pre.rkey;
-    pw.wr_id = 98;
-    ibv_post_send(id->qp, &pw, &pbad);
-    for (int i = 0; i < 5000; ++i) {
-      ibv_wc wc;
-      if (ibv_poll_cq(cq, 1, &wc) == 1 && wc.wr_id == 98)
-        return wc.status == IBV_WC_SUCCESS ? 0 : 16;
-      usleep(1000);
-    }
-    return 17;
-  }
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
   bool write_past = mode == "write_past";
