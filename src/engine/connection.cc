@@ -350,15 +350,13 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   return true;
 }
 
-// Writes one granted chunk of the rendezvous at the head of the queue.
-bool ConnImpl::WriteChunkLocked(Deferred* d) {
-  OutGrant g = out_grants_.front();
-  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
-  if (b == nullptr) return false;
-  out_grants_.pop_front();
-  WriteOp& op = writes_.front();
-  CopyOut(op, g.offset, b->data, g.len);
-  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), g.len, b->reg.lkey};
+// Posts `len` bytes of staging buffer `b` (taken: it goes back to the pool
+// when the write completes, or now if the post fails) as an RDMA WRITE
+// WITH IMMEDIATE into the peer's grant `g`. On failure the connection is
+// closed.
+bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g,
+                                      Deferred* d) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), len, b->reg.lkey};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++;
   wr.sg_list = &sge;
@@ -376,6 +374,18 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   inflight_[wr.wr_id] = b;
   --peer_credits_;
   --sq_free_;
+  return true;
+}
+
+// Writes one granted chunk of the rendezvous at the head of the queue.
+bool ConnImpl::WriteChunkLocked(Deferred* d) {
+  OutGrant g = out_grants_.front();
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
+  if (b == nullptr) return false;
+  out_grants_.pop_front();
+  WriteOp& op = writes_.front();
+  CopyOut(op, g.offset, b->data, g.len);
+  if (!PostGrantedWriteLocked(b, g.len, g, d)) return false;
   op.copied += g.len;
   stats_.bytes_sent += g.len;
   if (op.copied == op.total) {
@@ -396,24 +406,7 @@ bool ConnImpl::WritePreGrantedLocked(Deferred* d) {
   if (b == nullptr) return false;
   pre_grants_.pop_front();
   CopyOut(op, 0, b->data, op.total);
-  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(op.total), b->reg.lkey};
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = next_wr_++;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htonl(g.grant);
-  wr.wr.rdma.remote_addr = g.addr;
-  wr.wr.rdma.rkey = g.rkey;
-  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
-    local_pool_->Put(b);
-    CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
-    return false;
-  }
-  inflight_[wr.wr_id] = b;
-  --peer_credits_;
-  --sq_free_;
+  if (!PostGrantedWriteLocked(b, static_cast<uint32_t>(op.total), g, d)) return false;
   op.copied = op.total;
   stats_.bytes_sent += op.total;
   ++stats_.rendezvous;

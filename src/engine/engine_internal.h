@@ -84,6 +84,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool PostRecvLocked(size_t index);
   bool SendControlLocked(wire::Header h);  // inline SEND
   bool WritePreGrantedLocked(Deferred* d);
+  bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
   void IssueStandingGrantsLocked();
   bool SendEagerLocked(Deferred* d);
   bool WriteChunkLocked(Deferred* d);
