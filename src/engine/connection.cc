@@ -496,8 +496,12 @@ void ConnImpl::IssueStandingGrantsLocked() {
 
 void ConnImpl::IssueGrantsLocked(Deferred* d) {
   const Options& o = engine_->options;
+  // Standing grants are landings too, but outside TF_RDMA_CHUNKS_IN_FLIGHT:
+  // counted in, they could take every slot and the transfer would wait for
+  // ever (the peer writes an announced message only into its grants).
   while (in_active_ && in_granted_ < in_total_ &&
-         static_cast<int>(landings_.size()) < o.chunks_in_flight && peer_credits_ >= 2) {
+         static_cast<int>(landings_.size()) - standing_out_ < o.chunks_in_flight &&
+         peer_credits_ >= 2) {
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, in_total_ - in_granted_));
     PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
     if (buf == nullptr) return;  // granted again when pinned memory comes back

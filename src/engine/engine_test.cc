@@ -364,3 +364,41 @@ TEST(Engine, MidSizeMessagesUseStandingGrants) {
 
 }  // namespace
 }  // namespace grpc_rdma
+
+namespace grpc_rdma {
+namespace {
+
+// Standing grants are landing buffers too, but they must not count against
+// TF_RDMA_CHUNKS_IN_FLIGHT: with as few chunks in flight as there are
+// standing grants outstanding, an announced transfer would never be
+// granted and both sides would wait for ever.
+TEST(Engine, AnnouncedTransfersProgressWithOneChunkInFlight) {
+  Options o;
+  o.chunks_in_flight = 1;
+  o.chunk_size = 256 << 10;
+  Pair p;
+  ASSERT_TRUE(p.Open(o));
+  Sink at_server(p.s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // grants arrive
+  const size_t kSizes[] = {1 << 20, 100000, (2 << 20) + 7, 3};
+  auto msgs = std::make_shared<std::vector<std::string>>();
+  std::string all;
+  for (size_t i = 0; i < sizeof(kSizes) / sizeof(kSizes[0]); ++i) {
+    msgs->push_back(Pattern(kSizes[i], 500 + i));
+    all += msgs->back();
+  }
+  auto ok = std::make_shared<std::atomic<int>>(0);
+  for (std::string& m : *msgs) {  // not waited for: they would block for ever
+    p.c->Write({iovec{m.data(), m.size()}}, [msgs, ok](absl::Status s) {
+      if (s.ok()) ++*ok;
+    });
+  }
+  ASSERT_TRUE(at_server.WaitFor(all.size(), 20000)) << "an announced transfer was never granted";
+  EXPECT_EQ(ok->load(), 4);
+  EXPECT_TRUE(at_server.data() == all);
+  EXPECT_GT(p.c->stats().rendezvous, p.c->stats().pre_granted);
+  p.Close();
+}
+
+}  // namespace
+}  // namespace grpc_rdma
