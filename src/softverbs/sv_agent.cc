@@ -195,6 +195,15 @@ void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
   epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
+void Runtime::WatchInput(int fd, bool on) {
+  auto it = tags_.find(fd);
+  if (it == tags_.end() || epfd_ < 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLRDHUP | EPOLLET | EPOLLOUT | (on ? static_cast<uint32_t>(EPOLLIN) : 0u);
+  ev.data.ptr = it->second;
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
 void Runtime::Unwatch(int fd) {
   if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
   auto it = tags_.find(fd);

@@ -1,17 +1,58 @@
 // Completion queues and completion channels.
 //
-// A completion channel is a pipe: one 8-byte record (the CQ) per event, so
-// its fd is pollable, honours O_NONBLOCK and a thread blocked reading it can
-// be cancelled, as with the kernel's.
+// A completion channel's fd is pollable, honours O_NONBLOCK and a thread
+// blocked in ibv_get_cq_event can be cancelled, as with the kernel's. It is
+// an epoll set (see CompChannel in sv_internal.h): the event tokens' socket,
+// plus the doorbells of the wires whose completions it reports while a CQ
+// is armed, so the waiting thread is woken by the peer's doorbell itself.
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "sv_internal.h"
 
 namespace softverbs {
+
+namespace {
+
+// A QP's wire may wake the channel's waiter when both of the QP's CQs
+// report to that channel: whatever the frames complete, the waiter is the
+// one to hear of it.
+bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
+  const Link* l = qp->link;
+  return l != nullptr && l->state == LinkState::kUp && l->fd >= 0 && qp->scq != nullptr &&
+         qp->rcq != nullptr && qp->scq->cq.channel == ch && qp->rcq->cq.channel == ch;
+}
+
+// Caller holds Runtime::mu.
+void LinkDelegate(Link* l, CompChannel* ch) {
+  if (l->delegated_to == ch) return;
+  LinkUndelegate(l);
+  epoll_event ev{};
+  ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
+  if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->fd, &ev) != 0) return;
+  l->delegated_to = ch;
+  ch->delegated.push_back(l);
+  Runtime::Get().WatchInput(l->fd, false);
+}
+
+}  // namespace
+
+void LinkUndelegate(Link* l) {
+  CompChannel* ch = l->delegated_to;
+  if (ch == nullptr) return;
+  l->delegated_to = nullptr;
+  if (l->fd >= 0) {
+    epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
+    Runtime::Get().WatchInput(l->fd, true);
+  }
+  ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
+                      ch->delegated.end());
+}
 
 void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
   if (cq == nullptr) return;
@@ -30,6 +71,10 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
     }
   }
   if (notify) {
+    // The CQ is disarmed: its owner will poll before it arms again, so the
+    // doorbells go back to the agent alone.
+    for (Qp* qp : cq->qps)
+      if (qp->link != nullptr) LinkUndelegate(qp->link);
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     {
       std::lock_guard<std::mutex> g(ch->mu);
@@ -78,10 +123,17 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
 
 int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   Cq* cq = ToCq(ibcq);
+  Runtime& rt = Runtime::Get();
+  std::lock_guard<std::mutex> g(rt.mu);  // no completion slips in between
   {
-    std::lock_guard<std::mutex> g(cq->mu);
+    std::lock_guard<std::mutex> gc(cq->mu);
     cq->armed = true;
     cq->solicited_only = solicited_only != 0;
+  }
+  if (cq->cq.channel != nullptr) {
+    auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
+    for (Qp* qp : cq->qps)
+      if (DelegableTo(qp, cq->cq.channel)) LinkDelegate(qp->link, ch);
   }
   // Arming is how a program says it stops polling and will sleep on the
   // channel. Producers skip the doorbell while the consumer polled within
@@ -89,8 +141,6 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   // the polls, so every frame from now on rings (a frame that slipped in
   // before this is found by the poll programs make after arming, or by the
   // agent). Without this a message could wait ~1 ms for the agent's timer.
-  Runtime& rt = Runtime::Get();
-  std::lock_guard<std::mutex> g(rt.mu);
   for (Qp* qp : cq->qps) LinkForgetPolls(qp->link);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
@@ -113,7 +163,45 @@ void PurgeChannel(CompChannel* ch, ibv_cq* gone) {
     }
   }
   for (char token; removed > 0; --removed)
-    if (recv(ch->ch.fd, &token, 1, MSG_DONTWAIT) != 1) break;
+    if (recv(ch->rfd, &token, 1, MSG_DONTWAIT) != 1) break;
+}
+
+// Takes one event whose token is there; false when none is.
+bool TakeEvent(CompChannel* ch, ibv_cq** cq, void** cq_context) {
+  for (;;) {
+    char token;
+    if (recv(ch->rfd, &token, 1, MSG_DONTWAIT) != 1) return false;
+    std::lock_guard<std::mutex> g(ch->mu);
+    if (ch->events.empty()) continue;  // its CQ was destroyed meanwhile
+    ibv_cq* p = ch->events.front();
+    ch->events.pop_front();
+    ToCq(p)->events_read.fetch_add(1);  // under mu: destroy_cq sees it
+    *cq = p;
+    *cq_context = p->cq_context;
+    return true;
+  }
+}
+
+// Above this many bytes on their way in, the waiter hands the wire back to
+// the agent rather than copy them itself: the agent then moves the payload
+// while the application's thread goes on with what it already has (two
+// cores at work on a bulk transfer instead of one).
+constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
+
+// Moves what the delegated wires brought (their doorbells woke us): the
+// completions it makes raise this channel's events as usual.
+void DriveDelegated(CompChannel* ch) {
+  Runtime& rt = Runtime::Get();
+  std::lock_guard<std::mutex> g(rt.mu);
+  std::vector<Link*> links = ch->delegated;  // handling may undelegate
+  for (Link* l : links) {
+    if (l->delegated_to != ch) continue;
+    if (LinkRxBacklog(l) > kWaiterMovesAtMost) {
+      LinkUndelegate(l);  // the agent hears the doorbell (still unread) now
+      continue;
+    }
+    HandleLinkEvent(l, EPOLLIN);
+  }
 }
 
 }  // namespace
@@ -126,10 +214,22 @@ extern "C" {
 ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) return nullptr;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev) != 0) {
+    int e = errno;
+    if (ep >= 0) close(ep);
+    close(sv[0]);
+    close(sv[1]);
+    errno = e;
+    return nullptr;
+  }
   auto* ch = new CompChannel();
   ch->ch.context = context;
-  ch->ch.fd = sv[0];
+  ch->ch.fd = ep;
   ch->ch.refcnt = 0;
+  ch->rfd = sv[0];
   ch->wfd = sv[1];
   return &ch->ch;
 }
@@ -138,7 +238,9 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   std::lock_guard<std::mutex> g(Runtime::Get().mu);
   if (ch->ch.refcnt != 0) return EBUSY;
+  // No CQ uses it, so no QP and no delegated wire either.
   close(ch->ch.fd);
+  close(ch->rfd);
   close(ch->wfd);
   delete ch;
   return 0;
@@ -208,18 +310,18 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   for (;;) {
-    char token;
-    // A cancellation point, and it blocks unless the app set O_NONBLOCK.
-    ssize_t r = recv(ch->ch.fd, &token, 1, 0);
-    if (r != 1) return -1;
-    std::lock_guard<std::mutex> g(ch->mu);
-    if (ch->events.empty()) continue;  // its CQ was destroyed meanwhile
-    ibv_cq* p = ch->events.front();
-    ch->events.pop_front();
-    ToCq(p)->events_read.fetch_add(1);  // under mu: destroy_cq sees it
-    *cq = p;
-    *cq_context = p->cq_context;
-    return 0;
+    if (TakeEvent(ch, cq, cq_context)) return 0;
+    DriveDelegated(ch);
+    if (TakeEvent(ch, cq, cq_context)) return 0;
+    int flags = fcntl(ch->ch.fd, F_GETFL);
+    if (flags < 0) return -1;
+    if (flags & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
+    // A cancellation point, as the kernel channel's read is.
+    epoll_event ev;
+    if (epoll_wait(ch->ch.fd, &ev, 1, -1) < 0) return -1;
   }
 }
 

@@ -100,14 +100,22 @@ struct Cq;
 struct Qp;
 struct Link;
 
-// A completion channel: ch.fd is one end of a SOCK_SEQPACKET socketpair
-// carrying one token per event; the events themselves (which CQ) wait in
-// `events`, so a CQ's unread events can be taken back when it is destroyed.
+// A completion channel. Events travel as tokens through a SOCK_SEQPACKET
+// socketpair (rfd/wfd), one per event; the events themselves (which CQ)
+// wait in `events`, so a CQ's unread events can be taken back when it is
+// destroyed. The fd the application sees, ch.fd, is an epoll set holding
+// rfd and, while one of the channel's CQs is armed, the doorbell sockets of
+// the links of its QPs ("delegated" links): a frame that rings the doorbell
+// then wakes the thread waiting on the channel directly, and that thread
+// moves the frame itself in ibv_get_cq_event, instead of waiting behind the
+// agent thread's own wake-up (the agent still wakes and may get there
+// first; whoever takes Runtime::mu first moves the frame).
 struct CompChannel {
   ibv_comp_channel ch;
-  int wfd = -1;
+  int rfd = -1, wfd = -1;
   std::mutex mu;
   std::deque<ibv_cq*> events;  // guarded by mu
+  std::vector<Link*> delegated;  // guarded by Runtime::mu
 };
 
 struct Cq {
@@ -228,6 +236,7 @@ struct Link {
   struct CmId* cm = nullptr;  // the CM id this link belongs to, if any
   int connect_error = 0;      // errno of a failed connect()
   bool cm_listener_side = false;
+  CompChannel* delegated_to = nullptr;  // see CompChannel
 };
 
 struct Qp {
@@ -301,6 +310,9 @@ class Runtime {
   // retirement, so a batch in flight never sees a freed tag.
   void Watch(int fd, EpollTag* tag, bool want_out);
   void Unwatch(int fd);
+  // Stops or resumes the agent's wake-ups for data on a watched link fd
+  // (hang-ups still wake it): see CompChannel.
+  void WatchInput(int fd, bool on);
 
   // Makes progress on every link (caller holds mu). Returns true if any
   // byte moved or any state changed.
@@ -336,6 +348,7 @@ class Runtime {
 
 // Completion helpers (sv_cq.cc). Caller holds Runtime::mu.
 void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited);
+void LinkUndelegate(Link* l);  // takes the link out of its channel's set
 
 // QP engine (sv_qp.cc). Caller holds Runtime::mu.
 void QpToErrorLocked(Qp* qp, ibv_wc_status head_status);
@@ -365,6 +378,9 @@ void LinkMarkPolled(Link* l, uint64_t now);
 void LinkForgetPolls(Link* l);  // the consumer stopped polling (armed its CQ)
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
+// Bytes on their way in: in the shared ring, or still to come of the frame
+// being received (shared-memory wires; 0 or the frame's rest otherwise).
+uint64_t LinkRxBacklog(Link* l);
 
 // Handshake messages (sv_agent.cc).
 void HandleLinkEvent(Link* l, uint32_t events);

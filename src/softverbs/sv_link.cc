@@ -277,6 +277,13 @@ bool LinkHasRxData(Link* l) {
          l->rx->tail.load(std::memory_order_relaxed);
 }
 
+uint64_t LinkRxBacklog(Link* l) {
+  uint64_t n = l->in_payload ? l->in_left : 0;
+  if (l->rx == nullptr || l->state != LinkState::kUp) return n;
+  return n + (l->rx->head.load(std::memory_order_acquire) -
+              l->rx->tail.load(std::memory_order_relaxed));
+}
+
 void LinkEnqueue(Link* l, OutFrame f) { l->out.push_back(std::move(f)); }
 
 namespace {
@@ -465,6 +472,7 @@ void LinkKill(Link* l) {
   bool was_up = l->state == LinkState::kUp;
   l->state = LinkState::kDead;
   Trace("link %s: closed", l->peer_desc.c_str());
+  LinkUndelegate(l);
   if (l->fd >= 0) {
     Runtime::Get().Unwatch(l->fd);
     close(l->fd);

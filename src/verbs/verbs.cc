@@ -1,5 +1,7 @@
 #include "verbs/verbs.h"
 
+#include <fcntl.h>
+
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +79,16 @@ absl::StatusOr<CompChannel> CreateCompChannel(ibv_context* ctx) {
   if (absl::Status s = CheckErrno(ch == nullptr, "ibv_create_comp_channel", ctx->device->name);
       !s.ok())
     return s;
+  // Non-blocking, as rdma-core advises for event loops: a readable channel
+  // need not hold an event by the time it is read (another thread took it),
+  // and ibv_get_cq_event must then fail with EAGAIN, not block.
+  int flags = fcntl(ch->fd, F_GETFL);
+  if (flags < 0 || fcntl(ch->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    int e = errno;
+    ibv_destroy_comp_channel(ch);
+    errno = e;
+    return CheckErrno(true, "fcntl(O_NONBLOCK) on a completion channel", ctx->device->name);
+  }
   return CompChannel(ch);
 }
 
