@@ -247,6 +247,30 @@ INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer,
                                                             : std::string("SmallWriteIntoStandingGrant");
                          });
 
+// Standing grants follow the peer's Hello: a peer from before the field
+// (0) gets the 2 it always accepted, a peer that accepts 8 gets as many as
+// half its receives allow (8 posted: 4), so grants for announced transfers
+// always find receives.
+TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::vector<std::shared_ptr<Connection>> accepted;
+  std::mutex mu;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  for (auto [standing, expected] : {std::pair<int, int>{0, 2}, {8, 4}}) {
+    pid_t child = Spawn({"--child", "rogue", std::to_string(*port)},
+                        {"ROGUE_MODE=count_pre", "ROGUE_STANDING=" + std::to_string(standing)});
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 100 + expected) << "standing grants for a Hello of " << standing;
+  }
+}
+
 void RunWithKnobs(const std::vector<std::string>& env, const char* mode) {
   pid_t child = Spawn({"--child", mode}, env);
   int status = 0;
@@ -378,7 +402,9 @@ int ChildRogue(uint16_t port) {
     w.num_sge = 1;
     ibv_post_recv(id->qp, &w, &bad);
   }
-  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0};
+  const char* standing = getenv("ROGUE_STANDING");
+  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192,
+                static_cast<uint16_t>(standing ? atoi(standing) : 0), 0};
   rdma_conn_param p{};
   p.private_data = &h;
   p.private_data_len = sizeof(h);
@@ -388,6 +414,20 @@ int ChildRogue(uint16_t port) {
   const char* mode_env = getenv("ROGUE_MODE");
   std::string mode = mode_env ? mode_env : "read";
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
+  if (mode == "count_pre") {  // exit status 100 + standing grants received
+    int pres = 0;
+    for (int i = 0; i < 300; ++i) {
+      ibv_wc wc;
+      while (ibv_poll_cq(cq, 1, &wc) == 1) {
+        wire::Header m{};
+        memcpy(&m, mem.data() + wc.wr_id * 65536, sizeof(m));
+        if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS && m.type == wire::kPre)
+          ++pres;
+      }
+      usleep(1000);
+    }
+    return 100 + pres;
+  }
   // Announce a 1 MiB write: the engine answers with a grant.
   wire::Header rts{};
   rts.type = wire::kRts;

@@ -54,7 +54,10 @@ struct Hello {
   uint16_t version;
   uint16_t eager_depth;  // receives the sender posts: the peer's credits
   uint32_t acc_size;     // the largest eager payload the sender accepts
-  uint32_t reserved;
+  // How many standing grants (kPre) the sender accepts outstanding; 0 (a
+  // peer from before this field) means 2.
+  uint16_t standing_grants;
+  uint16_t reserved;
 };
 static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
 
