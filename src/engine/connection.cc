@@ -164,8 +164,19 @@ bool ConnImpl::PostRecvLocked(size_t index) {
   return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
 }
 
+// Every message to the peer is solicited, so the peer's thread is woken
+// for it. Our own send completions need to wake us only when something
+// waits for them: queued writes (send slots, staging buffers, credits come
+// back with them) or a disconnect waiting for the last sends to land.
+// Otherwise the CQ is armed for solicited completions only, and a send
+// completion waits for the next look at the CQ (on an HCA that costs
+// nothing; over softverbs the acknowledgement then rings no doorbell: one
+// thread wake-up less per message).
 void ConnImpl::ArmCqLocked() {
-  if (cq_) ibv_req_notify_cq(cq_.get(), 0);
+  if (!cq_) return;
+  bool sends_awaited =
+      !writes_.empty() || disconnect_when_drained_ || waiting_budget_ || state_ != State::kUp;
+  ibv_req_notify_cq(cq_.get(), sends_awaited ? 0 : 1);
 }
 
 // ----------------------------------------------------------- application ---
@@ -264,7 +275,7 @@ bool ConnImpl::SendControlLocked(wire::Header h) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return false;
   credits_to_return_ = 0;  // only once they are on their way
   --peer_credits_;
@@ -341,7 +352,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
     local_pool_->Put(buf);
     CloseLocked(absl::InternalError("ibv_post_send failed"), d, true);
@@ -368,7 +379,7 @@ bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGr
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
   wr.imm_data = htonl(g.grant);
   wr.wr.rdma.remote_addr = g.addr;
   wr.wr.rdma.rkey = g.rkey;

@@ -4,6 +4,7 @@
 
 #include <poll.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -68,7 +69,10 @@ absl::Status EngineImpl::Start() {
   epoll_ctl(epfd_, EPOLL_CTL_ADD, events_->fd, &ev);
   ev.data.u64 = kTagWake;
   epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  poller_ = std::thread([this] { PollerMain(); });
+  poller_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rdma-engine");  // for top, gdb, perf
+    PollerMain();
+  });
   return absl::OkStatus();
 }
 

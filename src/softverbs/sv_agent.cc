@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -176,7 +177,10 @@ void Runtime::StartAgent() {
     wake_tag_ = new EpollTag{EpollTag::kWake, nullptr, wake_fd_};
     ev.data.ptr = wake_tag_;
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    std::thread([this] { AgentMain(); }).detach();
+    std::thread([this] {
+      pthread_setname_np(pthread_self(), "softverbs-agent");  // for top, gdb, perf
+      AgentMain();
+    }).detach();
   });
 }
 
@@ -195,13 +199,16 @@ void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
   epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
-void Runtime::WatchInput(int fd, bool on) {
-  auto it = tags_.find(fd);
-  if (it == tags_.end() || epfd_ < 0) return;
+void Runtime::UpdateLinkWatch(Link* l) {
+  if (l->fd < 0 || epfd_ < 0) return;
+  auto it = tags_.find(l->fd);
+  if (it == tags_.end()) return;
+  bool out = l->state != LinkState::kUp || l->shm == nullptr || !l->ctl_out.empty();
   epoll_event ev{};
-  ev.events = EPOLLRDHUP | EPOLLET | EPOLLOUT | (on ? static_cast<uint32_t>(EPOLLIN) : 0u);
+  ev.events = EPOLLRDHUP | EPOLLET | (l->delegated_to == nullptr ? static_cast<uint32_t>(EPOLLIN) : 0u) |
+              (out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.ptr = it->second;
-  epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+  epoll_ctl(epfd_, EPOLL_CTL_MOD, l->fd, &ev);
 }
 
 void Runtime::Unwatch(int fd) {
@@ -369,8 +376,12 @@ bool CtlFlush(Link* l) {
   while (!l->ctl_out.empty() && l->fd >= 0) {
     ssize_t w = send(l->fd, l->ctl_out.data(), l->ctl_out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     if (w < 0) {
-      if (errno == EAGAIN || errno == EINTR) return false;
-      LinkKill(l);
+      if (errno != EAGAIN && errno != EINTR) {
+        LinkKill(l);
+        return false;
+      }
+      // The rest goes when the socket is writable: make sure that wakes us.
+      if (l->state == LinkState::kUp) Runtime::Get().UpdateLinkWatch(l);
       return false;
     }
     l->ctl_out.erase(0, static_cast<size_t>(w));
@@ -467,6 +478,7 @@ void AcceptHello(Link* l, const std::string& body) {
   l->peer_desc = desc;
   l->state = LinkState::kUp;
   Trace("link %s: up", l->peer_desc.c_str());
+  Runtime::Get().UpdateLinkWatch(l);
   QpLinkUpLocked(qp);
 }
 
@@ -498,6 +510,7 @@ void InitiatorHelloAck(Link* l, const std::string& body) {
   }
   l->state = LinkState::kUp;
   Trace("link %s: up", l->peer_desc.c_str());
+  Runtime::Get().UpdateLinkWatch(l);
   if (l->qp != nullptr) QpLinkUpLocked(l->qp);
 }
 

@@ -243,6 +243,7 @@ void LinkUp(CmId* id) {
   l->peer_desc = desc;
   l->state = LinkState::kUp;
   Trace("link %s: up", l->peer_desc.c_str());
+  Runtime::Get().UpdateLinkWatch(l);
   if (l->qp != nullptr) QpLinkUpLocked(l->qp);
 }
 

@@ -37,7 +37,7 @@ void LinkDelegate(Link* l, CompChannel* ch) {
   if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->fd, &ev) != 0) return;
   l->delegated_to = ch;
   ch->delegated.push_back(l);
-  Runtime::Get().WatchInput(l->fd, false);
+  Runtime::Get().UpdateLinkWatch(l);
 }
 
 }  // namespace
@@ -48,7 +48,7 @@ void LinkUndelegate(Link* l) {
   l->delegated_to = nullptr;
   if (l->fd >= 0) {
     epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
-    Runtime::Get().WatchInput(l->fd, true);
+    Runtime::Get().UpdateLinkWatch(l);
   }
   ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
                       ch->delegated.end());
@@ -73,8 +73,11 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
   if (notify) {
     // The CQ is disarmed: its owner will poll before it arms again, so the
     // doorbells go back to the agent alone.
-    for (Qp* qp : cq->qps)
-      if (qp->link != nullptr) LinkUndelegate(qp->link);
+    for (Qp* qp : cq->qps) {
+      if (qp->link == nullptr) continue;
+      LinkUndelegate(qp->link);
+      if (qp->scq == cq) LinkSetLazyAcks(qp->link, false);
+    }
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     {
       std::lock_guard<std::mutex> g(ch->mu);
@@ -141,7 +144,10 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   // the polls, so every frame from now on rings (a frame that slipped in
   // before this is found by the poll programs make after arming, or by the
   // agent). Without this a message could wait ~1 ms for the agent's timer.
-  for (Qp* qp : cq->qps) LinkForgetPolls(qp->link);
+  for (Qp* qp : cq->qps) {
+    LinkForgetPolls(qp->link);
+    if (qp->scq == cq) LinkSetLazyAcks(qp->link, solicited_only != 0);
+  }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
 }

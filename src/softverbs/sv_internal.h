@@ -310,9 +310,13 @@ class Runtime {
   // retirement, so a batch in flight never sees a freed tag.
   void Watch(int fd, EpollTag* tag, bool want_out);
   void Unwatch(int fd);
-  // Stops or resumes the agent's wake-ups for data on a watched link fd
-  // (hang-ups still wake it): see CompChannel.
-  void WatchInput(int fd, bool on);
+  // Sets what wakes the agent for a link's fd: input unless the link is
+  // delegated to a completion channel (see CompChannel; hang-ups always),
+  // and writability only while something may wait for it (connecting, the
+  // handshake, TCP-mode data, unsent control bytes): an edge-triggered
+  // EPOLLOUT on a shared-memory link's doorbell socket fires whenever the
+  // peer's doorbell acknowledges ours, a wake-up for nothing.
+  void UpdateLinkWatch(Link* l);
 
   // Makes progress on every link (caller holds mu). Returns true if any
   // byte moved or any state changed.
@@ -376,6 +380,9 @@ void LinkSetSleeping(Link* l, bool sleeping);
 constexpr uint64_t kPollGraceUs = 50;
 void LinkMarkPolled(Link* l, uint64_t now);
 void LinkForgetPolls(Link* l);  // the consumer stopped polling (armed its CQ)
+// The consumer's send CQ is armed for solicited events only (or no longer):
+// acknowledgements need (no longer skip) the doorbell.
+void LinkSetLazyAcks(Link* l, bool lazy);
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
 // Bytes on their way in: in the shared ring, or still to come of the frame

@@ -24,6 +24,11 @@ struct ShmRing {
   alignas(64) std::atomic<uint64_t> tail;  // written by the consumer only
   alignas(64) std::atomic<uint32_t> consumer_idle;
   std::atomic<uint32_t> producer_waiting;
+  // Set by the consumer while its send CQ is armed for solicited events
+  // only: a frame that only acknowledges can then wait in the ring without
+  // a doorbell (it completes sends, which raise no event; whoever looks at
+  // the ring next takes it, as an HCA writes such a CQE and wakes nobody).
+  std::atomic<uint32_t> lazy_acks;
   // When an application last polled this ring from ibv_poll_cq: while it
   // keeps polling, producers need not ring the doorbell.
   std::atomic<uint64_t> consumer_polled_us;
@@ -175,6 +180,7 @@ bool LinkSetupShmInitiator(Link* l) {
     r.tail.store(0);
     r.consumer_idle.store(0);
     r.producer_waiting.store(0);
+    r.lazy_acks.store(0);
     r.consumer_polled_us.store(0);
     r.size = c.ring_bytes;
     r.data_off = kShmHeader + i * c.ring_bytes;
@@ -251,6 +257,11 @@ void LinkDoorbell(Link* l) {
   (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+void LinkSetLazyAcks(Link* l, bool lazy) {
+  if (l != nullptr && l->rx != nullptr && l->state == LinkState::kUp)
+    l->rx->lazy_acks.store(lazy ? 1 : 0, std::memory_order_seq_cst);
+}
+
 void LinkMarkPolled(Link* l, uint64_t now) {
   if (l->rx != nullptr && l->state == LinkState::kUp)
     l->rx->consumer_polled_us.store(now, std::memory_order_relaxed);
@@ -317,7 +328,9 @@ size_t FramePieces(const OutFrame& f, iovec* v, size_t max) {
 }
 
 // Shared-memory pump: returns bytes written.
-size_t PumpShm(Link* l) {
+// Writes what fits of the queued frames; *urgent says whether any of them
+// is more than an acknowledgement.
+size_t PumpShm(Link* l, bool* urgent) {
   size_t total = 0;
   while (!l->out.empty()) {
     OutFrame& f = l->out.front();
@@ -328,6 +341,7 @@ size_t PumpShm(Link* l) {
       size_t w = RingWrite(l, static_cast<char*>(v[i].iov_base), v[i].iov_len);
       f.sent += w;
       total += w;
+      if (w > 0 && f.hdr.type != kFrameAck) *urgent = true;
       if (w < v[i].iov_len) full = true;
     }
     if (f.sent == f.total()) {
@@ -349,7 +363,8 @@ size_t PumpShm(Link* l) {
 bool LinkPump(Link* l) {
   if (l->state != LinkState::kUp || l->out.empty()) return false;
   if (l->shm != nullptr) {
-    size_t w = PumpShm(l);
+    bool urgent = false;
+    size_t w = PumpShm(l, &urgent);
     if (l->ring_corrupt) {
       Warn("link %s: the peer corrupted the shared ring; closing", l->peer_desc.c_str());
       LinkKill(l);
@@ -357,7 +372,8 @@ bool LinkPump(Link* l) {
     }
     if (w > 0) {
       std::atomic_thread_fence(std::memory_order_seq_cst);
-      if (l->tx->consumer_idle.load(std::memory_order_relaxed) &&
+      if ((urgent || !l->tx->lazy_acks.load(std::memory_order_relaxed)) &&
+          l->tx->consumer_idle.load(std::memory_order_relaxed) &&
           NowUs() - l->tx->consumer_polled_us.load(std::memory_order_relaxed) > kPollGraceUs)
         LinkDoorbell(l);
     }

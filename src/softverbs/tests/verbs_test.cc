@@ -560,6 +560,36 @@ TEST_F(ChannelTest, NonBlockingEventLoopNeverBlocksAndMissesNothing) {
   EXPECT_EQ(PollN(a_.cq, kMessages).size(), static_cast<size_t>(kMessages));
 }
 
+// Send completions under each way of arming: for solicited events only, a
+// send completion raises none but is there for the next poll (softverbs
+// then lets the acknowledgement wait in the ring, unrung); armed for all,
+// it raises the event (the acknowledgement rings the doorbell).
+TEST_F(ChannelTest, SendCompletionsUnderSolicitedAndFullArming) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  int fd = a_.channel->fd;
+  ibv_cq* cq;
+  void* ctx;
+  for (int solicited_only = 1; solicited_only >= 0; --solicited_only) {
+    ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 10 + solicited_only), 0);
+    ASSERT_EQ(ibv_req_notify_cq(a_.cq, solicited_only), 0);
+    ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 20 + solicited_only), 0);
+    EXPECT_EQ(PollN(b_.cq, 1).size(), 1u);  // delivered (the peer acks it)
+    if (solicited_only) {
+      EXPECT_FALSE(Readable(fd, 100)) << "a send completion is not solicited";
+    } else {
+      ASSERT_TRUE(Readable(fd, 5000)) << "armed for all: the send completion raises the event";
+      ASSERT_EQ(ibv_get_cq_event(a_.channel, &cq, &ctx), 0);
+      EXPECT_EQ(cq, a_.cq);
+      ibv_ack_cq_events(cq, 1);
+    }
+    auto tx = PollN(a_.cq, 1);
+    ASSERT_EQ(tx.size(), 1u);
+    EXPECT_EQ(tx[0].wr_id, 20u + solicited_only);
+    EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  }
+}
+
 TEST_F(ChannelTest, ChannelInUseCannotBeDestroyed) {
   EXPECT_EQ(ibv_destroy_comp_channel(b_.channel), EBUSY);
 }
