@@ -90,6 +90,7 @@ wire::Hello ConnImpl::MyHello() const {
   h.eager_depth = static_cast<uint16_t>(engine_->options.eager_depth);
   h.acc_size = static_cast<uint32_t>(engine_->options.acc_size);
   h.standing_grants = kStandingGrants;
+  h.flags = wire::kHelloSolicited;
   return h;
 }
 
@@ -137,6 +138,7 @@ absl::Status ConnImpl::SetupLocked() {
 void ConnImpl::SetPeerLocked(const wire::Hello& h) {
   peer_acc_ = h.acc_size;
   peer_standing_ = std::min<int>(kStandingGrants, h.standing_grants == 0 ? 2 : h.standing_grants);
+  peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
   peer_depth_ = h.eager_depth;
   peer_credits_ = h.eager_depth;
 }
@@ -164,8 +166,8 @@ bool ConnImpl::PostRecvLocked(size_t index) {
   return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
 }
 
-// Every message to the peer is solicited, so the peer's thread is woken
-// for it. Our own send completions need to wake us only when something
+// Every message to the peer is solicited (our Hello says so), so the
+// peer's thread is woken for it. Our own send completions need to wake us only when something
 // waits for them: queued writes (send slots, staging buffers, credits come
 // back with them) or a disconnect waiting for the last sends to land.
 // Otherwise the CQ is armed for solicited completions only, and a send
@@ -176,7 +178,9 @@ void ConnImpl::ArmCqLocked() {
   if (!cq_) return;
   bool sends_awaited =
       !writes_.empty() || disconnect_when_drained_ || waiting_budget_ || state_ != State::kUp;
-  ibv_req_notify_cq(cq_.get(), sends_awaited ? 0 : 1);
+  // A peer from before solicited messages (its Hello says so) must wake us
+  // with every message.
+  ibv_req_notify_cq(cq_.get(), sends_awaited || !peer_solicits_ ? 0 : 1);
 }
 
 // ----------------------------------------------------------- application ---

@@ -121,6 +121,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
   int peer_standing_ = 0;  // standing grants the peer accepts (its Hello)
+  bool peer_solicits_ = false;  // the peer's messages are all solicited
   int peer_depth_ = 0;
   int peer_credits_ = 0;
   int credits_to_return_ = 0;

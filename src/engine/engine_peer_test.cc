@@ -271,6 +271,37 @@ TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
   }
 }
 
+// A peer whose Hello does not say its messages are solicited (an engine
+// from before) must still wake an idle engine with each message: the
+// engine arms for all completions for it. softverbs' direct wake-up is off
+// here (read once per process: ctest runs each test in its own), so a
+// message that raises no completion event wakes nobody, as on an HCA.
+TEST(EnginePeers, UnsolicitedMessagesOfAnOlderPeerAreNotLeftWaiting) {
+  setenv("SOFTVERBS_DIRECT_WAKE", "0", 1);
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::promise<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    accepted.set_value(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, {"ROGUE_MODE=unsolicited"});
+  auto conn = accepted.get_future().get();
+  Drain d(conn, 2);
+  EXPECT_EQ(d.done.get_future().wait_for(std::chrono::seconds(2)), std::future_status::ready)
+      << "the message waited in the CQ with nobody woken";
+  {
+    std::lock_guard<std::mutex> l(d.mu);
+    EXPECT_EQ(d.data, "hi");
+    d.finished = true;
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  conn->Shutdown(absl::CancelledError("test over"));
+}
+
 void RunWithKnobs(const std::vector<std::string>& env, const char* mode) {
   pid_t child = Spawn({"--child", mode}, env);
   int status = 0;
@@ -414,6 +445,27 @@ int ChildRogue(uint16_t port) {
   const char* mode_env = getenv("ROGUE_MODE");
   std::string mode = mode_env ? mode_env : "read";
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
+  if (mode == "unsolicited") {
+    // An engine from before solicited messages: after a pause (the peer's
+    // poller goes to sleep), one DATA message without IBV_SEND_SOLICITED.
+    usleep(300 * 1000);
+    wire::Header h{};
+    h.type = wire::kData;
+    h.version = wire::kVersion;
+    h.len = 2;
+    char msg[sizeof(h) + 2];
+    memcpy(msg, &h, sizeof(h));
+    memcpy(msg + sizeof(h), "hi", 2);
+    ibv_sge s{reinterpret_cast<uint64_t>(msg), sizeof(msg), 0};
+    ibv_send_wr w{}, *bad;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+    if (ibv_post_send(id->qp, &w, &bad) != 0) return 19;
+    usleep(3000 * 1000);  // stay connected while the engine reads it
+    return 0;
+  }
   if (mode == "count_pre") {  // exit status 100 + standing grants received
     int pres = 0;
     for (int i = 0; i < 300; ++i) {

@@ -57,8 +57,12 @@ struct Hello {
   // How many standing grants (kPre) the sender accepts outstanding; 0 (a
   // peer from before this field) means 2.
   uint16_t standing_grants;
-  uint16_t reserved;
+  uint16_t flags;  // kHello* bits
 };
+// Every message the sender sends is solicited (IBV_SEND_SOLICITED): the
+// receiver may arm its CQ for solicited completions only. Not set by
+// engines from before the flag, whose peers must arm for all.
+constexpr uint16_t kHelloSolicited = 1;
 static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
 
 }  // namespace wire

@@ -200,15 +200,19 @@ void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
 }
 
 void Runtime::UpdateLinkWatch(Link* l) {
-  if (l->fd < 0 || epfd_ < 0) return;
-  auto it = tags_.find(l->fd);
-  if (it == tags_.end()) return;
+  if (epfd_ < 0) return;
+  const uint32_t in = l->delegated_to == nullptr ? static_cast<uint32_t>(EPOLLIN) : 0u;
+  auto mod = [&](int fd, uint32_t events) {
+    auto it = tags_.find(fd);
+    if (fd < 0 || it == tags_.end()) return;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.ptr = it->second;
+    epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+  };
   bool out = l->state != LinkState::kUp || l->shm == nullptr || !l->ctl_out.empty();
-  epoll_event ev{};
-  ev.events = EPOLLRDHUP | EPOLLET | (l->delegated_to == nullptr ? static_cast<uint32_t>(EPOLLIN) : 0u) |
-              (out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
-  ev.data.ptr = it->second;
-  epoll_ctl(epfd_, EPOLL_CTL_MOD, l->fd, &ev);
+  mod(l->fd, EPOLLRDHUP | EPOLLET | in | (out ? static_cast<uint32_t>(EPOLLOUT) : 0u));
+  mod(l->db_fd, EPOLLET | in);
 }
 
 void Runtime::Unwatch(int fd) {
@@ -590,8 +594,12 @@ void HandleLinkEvent(Link* l, uint32_t events) {
   }
   if (l->state != LinkState::kUp) return;
   if (l->shm != nullptr) {
-    // Only doorbells and EOF arrive on the socket in this mode.
+    // Only doorbells and EOF arrive on the socket in this mode; doorbells
+    // mostly on the datagram socket.
     char buf[256];
+    if (l->db_fd >= 0)
+      while (recv(l->db_fd, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+      }
     for (;;) {
       ssize_t r = recv(l->fd, buf, sizeof(buf), MSG_DONTWAIT);
       if (r > 0) continue;

@@ -35,6 +35,10 @@ void LinkDelegate(Link* l, CompChannel* ch) {
   epoll_event ev{};
   ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
   if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->fd, &ev) != 0) return;
+  if (l->db_fd >= 0 && epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->db_fd, &ev) != 0) {
+    epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
+    return;
+  }
   l->delegated_to = ch;
   ch->delegated.push_back(l);
   Runtime::Get().UpdateLinkWatch(l);
@@ -46,10 +50,9 @@ void LinkUndelegate(Link* l) {
   CompChannel* ch = l->delegated_to;
   if (ch == nullptr) return;
   l->delegated_to = nullptr;
-  if (l->fd >= 0) {
-    epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
-    Runtime::Get().UpdateLinkWatch(l);
-  }
+  if (l->fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
+  if (l->db_fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->db_fd, nullptr);
+  Runtime::Get().UpdateLinkWatch(l);
   ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
                       ch->delegated.end());
 }
@@ -133,7 +136,7 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
     cq->armed = true;
     cq->solicited_only = solicited_only != 0;
   }
-  if (cq->cq.channel != nullptr) {
+  if (cq->cq.channel != nullptr && GetConfig().direct_wake) {
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     for (Qp* qp : cq->qps)
       if (DelegableTo(qp, cq->cq.channel)) LinkDelegate(qp->link, ch);

@@ -43,6 +43,7 @@ struct Config {
   int spin_us = 20;              // agent busy-polls this long after activity
   size_t ring_bytes = 1 << 20;   // shared-memory ring per direction per QP
   bool use_shm = true;           // same host and netns: shared memory wire
+  bool direct_wake = true;       // doorbells wake a channel's waiter (CompChannel)
   int delay_us = 0;              // fault: hold every inbound frame this long
   long drop_after_ops = 0;       // fault: cut a QP's wire after N send WRs
   long fail_wr = 0;              // fault: the Nth send WR of a QP fails
@@ -209,6 +210,14 @@ struct Link {
   bool ring_corrupt = false;
   std::string shm_name;  // set while we own the name (initiator, pre-ack)
   uint64_t shm_nonce = 0;
+  // Doorbells in shared-memory mode: a Unix datagram socket of ours, bound
+  // to an abstract name made of the nonce and our side, and the peer's
+  // name. Much cheaper to ring than a byte through TCP loopback; the TCP
+  // socket stays for the handshake and the peer's death (EOF), and carries
+  // the doorbells if the datagram path is not there.
+  int db_fd = -1;
+  std::string db_peer;  // abstract address, leading NUL included
+  bool db_peer_ok = false;
   // outbound
   std::deque<OutFrame> out;
   bool want_write = false;  // TCP mode: socket full, wait for EPOLLOUT

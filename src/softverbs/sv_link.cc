@@ -9,6 +9,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -136,6 +137,47 @@ void* MapSegment(int fd, size_t size) {
 
 }  // namespace
 
+std::string DoorbellName(uint64_t nonce, char side) {
+  char name[64];
+  int n = snprintf(name, sizeof(name), "%csoftverbs-db-%016llx-%c", '\0',
+                   static_cast<unsigned long long>(nonce), side);
+  return std::string(name, static_cast<size_t>(n));
+}
+
+// Our doorbell socket for side `side` ('i' initiator, 'a' acceptor); -1
+// when it cannot be had (the TCP socket then carries the doorbells).
+void OpenDoorbell(Link* l, char side) {
+  int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;
+  std::string name = DoorbellName(l->shm_nonce, side);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path, name.data(), name.size());
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a),
+           static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) != 0) {
+    Trace("doorbell socket: %s; doorbells go through TCP", strerror(errno));
+    close(fd);
+    return;
+  }
+  l->db_fd = fd;
+  l->db_peer = DoorbellName(l->shm_nonce, side == 'i' ? 'a' : 'i');
+}
+
+// Once the link uses shared memory: the agent watches our doorbell socket.
+void WatchDoorbell(Link* l) {
+  if (l->db_fd < 0) return;
+  l->db_peer_ok = true;
+  Runtime::Get().Watch(l->db_fd, new EpollTag{EpollTag::kLink, l, l->db_fd}, false);
+}
+
+void CloseDoorbell(Link* l) {
+  if (l->db_fd < 0) return;
+  Runtime::Get().Unwatch(l->db_fd);
+  close(l->db_fd);
+  l->db_fd = -1;
+  l->db_peer_ok = false;
+}
+
 Link* NewLink(int fd, bool initiator) {
   auto* l = new Link();
   l->fd = fd;
@@ -190,6 +232,7 @@ bool LinkSetupShmInitiator(Link* l) {
   l->shm_name = name;
   l->shm = p;
   l->shm_size = size;
+  OpenDoorbell(l, 'i');  // before the offer: the peer may ring once it is up
   return true;
 }
 
@@ -229,6 +272,9 @@ bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce) {
   l->ring_size = seg->ring_bytes;
   l->rx_data = static_cast<char*>(p) + kShmHeader;
   l->tx_data = static_cast<char*>(p) + kShmHeader + seg->ring_bytes;
+  l->shm_nonce = nonce;
+  OpenDoorbell(l, 'a');  // before our answer: the initiator rings once it has it
+  WatchDoorbell(l);
   return true;
 }
 
@@ -241,8 +287,11 @@ void LinkShmConfirmed(Link* l, bool ok) {
   if (!ok) {
     munmap(l->shm, l->shm_size);
     l->shm = nullptr;
+    if (l->db_fd >= 0) close(l->db_fd);
+    l->db_fd = -1;
     return;
   }
+  WatchDoorbell(l);
   // Our own geometry, from our config: never what the segment says now.
   auto* seg = static_cast<ShmSeg*>(l->shm);
   l->tx = &seg->ring[0];
@@ -254,6 +303,18 @@ void LinkShmConfirmed(Link* l, bool ok) {
 
 void LinkDoorbell(Link* l) {
   char b = 0;
+  if (l->db_peer_ok) {
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    memcpy(a.sun_path, l->db_peer.data(), l->db_peer.size());
+    ssize_t r = sendto(l->db_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
+                       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + l->db_peer.size()));
+    // EAGAIN: the peer has doorbells unread already, which is enough.
+    if (r == 1 || errno == EAGAIN) return;
+    Trace("link %s: doorbell socket: %s; doorbells go through TCP", l->peer_desc.c_str(),
+          strerror(errno));
+    l->db_peer_ok = false;
+  }
   (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
@@ -489,6 +550,7 @@ void LinkKill(Link* l) {
   l->state = LinkState::kDead;
   Trace("link %s: closed", l->peer_desc.c_str());
   LinkUndelegate(l);
+  CloseDoorbell(l);
   if (l->fd >= 0) {
     Runtime::Get().Unwatch(l->fd);
     close(l->fd);
