@@ -46,6 +46,13 @@ void LinkDelegate(Link* l, CompChannel* ch) {
 
 }  // namespace
 
+// The channel this thread is driving in ibv_get_cq_event, and the first
+// event that drive raised: it goes straight back to the caller, without a
+// token through the socket (whose write would also wake the other threads
+// waiting on the channel, for an event they cannot have).
+thread_local CompChannel* tls_driving = nullptr;
+thread_local ibv_cq* tls_direct_event = nullptr;
+
 void LinkUndelegate(Link* l) {
   CompChannel* ch = l->delegated_to;
   if (ch == nullptr) return;
@@ -82,6 +89,10 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
       if (qp->scq == cq) LinkSetLazyAcks(qp->link, false);
     }
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
+    if (tls_driving == ch && tls_direct_event == nullptr) {
+      tls_direct_event = &cq->cq;
+      return;
+    }
     {
       std::lock_guard<std::mutex> g(ch->mu);
       ch->events.push_back(&cq->cq);
@@ -199,9 +210,13 @@ constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
 
 // Moves what the delegated wires brought (their doorbells woke us): the
 // completions it makes raise this channel's events as usual.
-void DriveDelegated(CompChannel* ch) {
+// Returns the first event it raised, if any (handed to the caller, not
+// queued: see tls_driving).
+ibv_cq* DriveDelegated(CompChannel* ch) {
   Runtime& rt = Runtime::Get();
   std::lock_guard<std::mutex> g(rt.mu);
+  tls_driving = ch;
+  tls_direct_event = nullptr;
   std::vector<Link*> links = ch->delegated;  // handling may undelegate
   for (Link* l : links) {
     if (l->delegated_to != ch) continue;
@@ -211,6 +226,14 @@ void DriveDelegated(CompChannel* ch) {
     }
     HandleLinkEvent(l, EPOLLIN);
   }
+  tls_driving = nullptr;
+  ibv_cq* direct = tls_direct_event;
+  tls_direct_event = nullptr;
+  // Counted as read under rt.mu, as TakeEvent does under the channel's
+  // lock: ibv_destroy_cq (which needs the CQ's QPs gone, under rt.mu) then
+  // waits for its ack.
+  if (direct != nullptr) ToCq(direct)->events_read.fetch_add(1);
+  return direct;
 }
 
 }  // namespace
@@ -320,7 +343,11 @@ int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) 
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   for (;;) {
     if (TakeEvent(ch, cq, cq_context)) return 0;
-    DriveDelegated(ch);
+    if (ibv_cq* direct = DriveDelegated(ch)) {
+      *cq = direct;
+      *cq_context = direct->cq_context;
+      return 0;
+    }
     if (TakeEvent(ch, cq, cq_context)) return 0;
     int flags = fcntl(ch->ch.fd, F_GETFL);
     if (flags < 0) return -1;
