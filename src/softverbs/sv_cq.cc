@@ -41,6 +41,7 @@ void LinkDelegate(Link* l, CompChannel* ch) {
   }
   l->delegated_to = ch;
   ch->delegated.push_back(l);
+  ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
   Runtime::Get().UpdateLinkWatch(l);
 }
 
@@ -62,6 +63,7 @@ void LinkUndelegate(Link* l) {
   Runtime::Get().UpdateLinkWatch(l);
   ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
                       ch->delegated.end());
+  ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
 }
 
 void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
@@ -213,6 +215,9 @@ constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
 // Returns the first event it raised, if any (handed to the caller, not
 // queued: see tls_driving).
 ibv_cq* DriveDelegated(CompChannel* ch) {
+  // Nothing delegated (a wire delegated a moment from now rings again):
+  // no need for the runtime's lock.
+  if (ch->n_delegated.load(std::memory_order_relaxed) == 0) return nullptr;
   Runtime& rt = Runtime::Get();
   std::lock_guard<std::mutex> g(rt.mu);
   tls_driving = ch;

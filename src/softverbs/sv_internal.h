@@ -117,6 +117,7 @@ struct CompChannel {
   std::mutex mu;
   std::deque<ibv_cq*> events;  // guarded by mu
   std::vector<Link*> delegated;  // guarded by Runtime::mu
+  std::atomic<int> n_delegated{0};  // its size, to look without the lock
 };
 
 struct Cq {
