@@ -472,6 +472,7 @@ void AcceptHello(Link* l, const std::string& body) {
   }
   CtlSend(l, kCtlHelloAck, &ack, sizeof(ack));
   if (qp->link != nullptr) {
+    LinkUndelegate(qp->link);  // no longer this QP's wire: nobody's to wake
     qp->link->qp = nullptr;
   }
   qp->link = l;

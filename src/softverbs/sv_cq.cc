@@ -22,9 +22,14 @@ namespace {
 // A QP's wire may wake the channel's waiter when both of the QP's CQs
 // report to that channel: whatever the frames complete, the waiter is the
 // one to hear of it.
+// Shared-memory wires only: their sockets carry nothing but doorbells and
+// EOF, which moving the wire always reads, so the waiter never spins on a
+// socket left readable (a TCP wire's data stays unread while the receiver
+// waits for a posted receive or a delay knob holds it).
 bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
   const Link* l = qp->link;
-  return l != nullptr && l->state == LinkState::kUp && l->fd >= 0 && qp->scq != nullptr &&
+  return l != nullptr && l->state == LinkState::kUp && l->shm != nullptr && l->fd >= 0 &&
+         qp->scq != nullptr &&
          qp->rcq != nullptr && qp->scq->cq.channel == ch && qp->rcq->cq.channel == ch;
 }
 
@@ -162,7 +167,12 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   // agent). Without this a message could wait ~1 ms for the agent's timer.
   for (Qp* qp : cq->qps) {
     LinkForgetPolls(qp->link);
-    if (qp->scq == cq) LinkSetLazyAcks(qp->link, solicited_only != 0);
+    if (qp->scq != cq) continue;
+    LinkSetLazyAcks(qp->link, solicited_only != 0);
+    // Armed for every completion now: acknowledgements written unrung
+    // while it was solicited-only must not wait for the agent's timeout.
+    if (solicited_only == 0 && qp->link != nullptr && LinkHasRxData(qp->link))
+      rt.ProgressLinkLocked(qp->link);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
   return 0;
@@ -275,7 +285,8 @@ int ibv_destroy_comp_channel(ibv_comp_channel* channel) {
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   std::lock_guard<std::mutex> g(Runtime::Get().mu);
   if (ch->ch.refcnt != 0) return EBUSY;
-  // No CQ uses it, so no QP and no delegated wire either.
+  // No CQ uses it; a wire its QP let go of may still be delegated.
+  while (!ch->delegated.empty()) LinkUndelegate(ch->delegated.back());
   close(ch->ch.fd);
   close(ch->rfd);
   close(ch->wfd);
