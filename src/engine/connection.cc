@@ -174,13 +174,22 @@ bool ConnImpl::PostRecvLocked(size_t index) {
 // completion waits for the next look at the CQ (on an HCA that costs
 // nothing; over softverbs the acknowledgement then rings no doorbell: one
 // thread wake-up less per message).
+bool ConnImpl::SendsAwaitedLocked() const {
+  return !writes_.empty() || disconnect_when_drained_ || waiting_budget_ || state_ != State::kUp;
+}
+
 void ConnImpl::ArmCqLocked() {
   if (!cq_) return;
-  bool sends_awaited =
-      !writes_.empty() || disconnect_when_drained_ || waiting_budget_ || state_ != State::kUp;
   // A peer from before solicited messages (its Hello says so) must wake us
   // with every message.
-  ibv_req_notify_cq(cq_.get(), sends_awaited || !peer_solicits_ ? 0 : 1);
+  armed_solicited_ = !SendsAwaitedLocked() && peer_solicits_;
+  ibv_req_notify_cq(cq_.get(), armed_solicited_ ? 1 : 0);
+}
+
+void ConnImpl::RearmIfSendsAwaitedLocked(Deferred* d) {
+  if (!armed_solicited_ || !SendsAwaitedLocked()) return;
+  ArmCqLocked();
+  HandleCqLocked(d);  // what completed before the arm raises no event
 }
 
 // ----------------------------------------------------------- application ---
@@ -203,6 +212,9 @@ void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
       } else {
         writes_.push_back(std::move(op));
         if (state_ == State::kUp) PumpLocked(&d);
+        // A write left waiting (send slots, credits, pinned memory) needs
+        // our send completions to wake the engine.
+        RearmIfSendsAwaitedLocked(&d);
       }
     }
   }
@@ -224,6 +236,7 @@ void ConnImpl::Shutdown(absl::Status why) {
   {
     std::lock_guard<std::mutex> g(engine_->mu);
     CloseLocked(why.ok() ? Closed("connection shut down") : why, &d, true);
+    RearmIfSendsAwaitedLocked(&d);  // a disconnect may wait for our sends
     // Later reads fail: what arrived and was not read goes (its buffers
     // back to the pool, outside the lock).
     auto unread = std::make_shared<std::deque<RecvChunk>>(std::move(ready_));

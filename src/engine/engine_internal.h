@@ -46,6 +46,11 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void UpLocked();
   int HandleCqLocked(Deferred* d);              // polls the CQ dry; completions seen
   void ArmCqLocked();
+  // Re-arms for every completion when something now waits for our own send
+  // completions but the CQ is armed for solicited ones only (Write or
+  // Shutdown on an application thread), and looks at the CQ once.
+  void RearmIfSendsAwaitedLocked(Deferred* d);
+  bool SendsAwaitedLocked() const;
   void PumpLocked(Deferred* d);                 // send what can be sent
   void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
   void ReleaseInflightLocked(uint64_t wr_id);
@@ -122,6 +127,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   uint32_t peer_acc_ = 0;
   int peer_standing_ = 0;  // standing grants the peer accepts (its Hello)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
+  bool armed_solicited_ = false;  // the CQ's last arm was solicited-only
   int peer_depth_ = 0;
   int peer_credits_ = 0;
   int credits_to_return_ = 0;
