@@ -359,24 +359,33 @@ int ChildWriteForever(uint16_t port) {
   }
 }
 
+// The rogue's receives: 65536-byte slots of `mem`, one per wr_id. Counts
+// the engine's control messages of `type` that arrive within `ms`
+// milliseconds, stopping at the first when `first` is set (kept in *out).
+int AwaitControl(ibv_cq* cq, const char* mem, uint8_t type, int ms, bool first,
+                 wire::Header* out) {
+  int seen = 0;
+  for (int i = 0; i < ms && !(first && seen > 0); ++i) {
+    ibv_wc wc;
+    while (ibv_poll_cq(cq, 1, &wc) == 1) {
+      if (wc.opcode != IBV_WC_RECV || wc.status != IBV_WC_SUCCESS) continue;
+      wire::Header m{};
+      memcpy(&m, mem + wc.wr_id * 65536, sizeof(m));
+      if (m.type != type) continue;
+      if (seen++ == 0 && out != nullptr) *out = m;
+    }
+    usleep(1000);
+  }
+  return seen;
+}
+
 // Waits for one of the engine's standing grants (sent when the connection
 // comes up), then writes 100 bytes into it: the HCA allows the write, but
 // a message the eager limit allows has no business there, and the engine
 // must close the connection.
 int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   wire::Header pre{};
-  bool got = false;
-  for (int i = 0; i < 5000 && !got; ++i) {
-    ibv_wc wc;
-    while (ibv_poll_cq(cq, 1, &wc) == 1) {
-      if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
-        memcpy(&pre, mem + wc.wr_id * 65536, sizeof(pre));
-        if (pre.type == wire::kPre) got = true;
-      }
-    }
-    usleep(1000);
-  }
-  if (!got) return 15;
+  if (AwaitControl(cq, mem, wire::kPre, 5000, true, &pre) == 0) return 15;
   ibv_sge s{reinterpret_cast<uint64_t>(mem), 100, mr->lkey};
   ibv_send_wr w{}, *bad;
   w.sg_list = &s;
@@ -466,20 +475,8 @@ int ChildRogue(uint16_t port) {
     usleep(3000 * 1000);  // stay connected while the engine reads it
     return 0;
   }
-  if (mode == "count_pre") {  // exit status 100 + standing grants received
-    int pres = 0;
-    for (int i = 0; i < 300; ++i) {
-      ibv_wc wc;
-      while (ibv_poll_cq(cq, 1, &wc) == 1) {
-        wire::Header m{};
-        memcpy(&m, mem.data() + wc.wr_id * 65536, sizeof(m));
-        if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS && m.type == wire::kPre)
-          ++pres;
-      }
-      usleep(1000);
-    }
-    return 100 + pres;
-  }
+  if (mode == "count_pre")  // exit status 100 + standing grants received
+    return 100 + AwaitControl(cq, mem.data(), wire::kPre, 300, false, nullptr);
   // Announce a 1 MiB write: the engine answers with a grant.
   wire::Header rts{};
   rts.type = wire::kRts;
@@ -493,18 +490,7 @@ int ChildRogue(uint16_t port) {
   w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   ibv_post_send(id->qp, &w, &bad);
   wire::Header cts{};
-  bool got = false;
-  for (int i = 0; i < 5000 && !got; ++i) {
-    ibv_wc wc;
-    while (ibv_poll_cq(cq, 1, &wc) == 1) {
-      if (wc.opcode == IBV_WC_RECV && wc.status == IBV_WC_SUCCESS) {
-        memcpy(&cts, mem.data() + wc.wr_id * 65536, sizeof(cts));
-        if (cts.type == wire::kCts) got = true;
-      }
-    }
-    usleep(1000);
-  }
-  if (!got) return 13;
+  if (AwaitControl(cq, mem.data(), wire::kCts, 5000, true, &cts) == 0) return 13;
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
   bool write_past = mode == "write_past";
