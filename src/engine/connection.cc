@@ -167,9 +167,10 @@ bool ConnImpl::PostRecvLocked(size_t index) {
 }
 
 // Every message to the peer is solicited (our Hello says so), so the
-// peer's thread is woken for it. Our own send completions need to wake us only when something
-// waits for them: queued writes (send slots, staging buffers, credits come
-// back with them) or a disconnect waiting for the last sends to land.
+// peer's thread is woken for it. Our own send completions need to wake us
+// only when something waits for them: queued writes (send slots, staging
+// buffers, credits come back with them) or a disconnect waiting for the
+// last sends to land.
 // Otherwise the CQ is armed for solicited completions only, and a send
 // completion waits for the next look at the CQ (on an HCA that costs
 // nothing; over softverbs the acknowledgement then rings no doorbell: one
