@@ -91,6 +91,7 @@ wire::Hello ConnImpl::MyHello() const {
   h.acc_size = static_cast<uint32_t>(engine_->options.acc_size);
   h.standing_grants = kStandingGrants;
   h.flags = wire::kHelloSolicited;
+  h.max_chunk = static_cast<uint32_t>(engine_->options.chunk_size);
   return h;
 }
 
@@ -137,10 +138,19 @@ absl::Status ConnImpl::SetupLocked() {
 
 void ConnImpl::SetPeerLocked(const wire::Hello& h) {
   peer_acc_ = h.acc_size;
+  // What we send eagerly must also fit our own staging buffers (the
+  // peer's TF_RDMA_ACC_SIZE may be larger than both our sizes): anything
+  // above goes by rendezvous.
+  const Options& o = engine_->options;
+  size_t own = BufferPool::ClassFor(std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
+  eager_limit_ = static_cast<uint32_t>(std::min<size_t>(peer_acc_, own - wire::kHeaderBytes));
   peer_standing_ = std::min<int>(kStandingGrants, h.standing_grants == 0 ? 2 : h.standing_grants);
   peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
   peer_depth_ = h.eager_depth;
   peer_credits_ = h.eager_depth;
+  // Our grants must fit the writer's staging buffers (its chunk size).
+  grant_limit_ = static_cast<uint32_t>(engine_->options.chunk_size);
+  if (h.max_chunk != 0) grant_limit_ = std::min(grant_limit_, h.max_chunk);
 }
 
 void ConnImpl::UpLocked() {
@@ -339,15 +349,15 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
 
 // Coalesces the small writes at the head of the queue into one SEND.
 bool ConnImpl::SendEagerLocked(Deferred* d) {
-  PinnedBuffer* buf = GetOrWaitLocked(*local_pool_, peer_acc_ + wire::kHeaderBytes, d);
+  PinnedBuffer* buf = GetOrWaitLocked(*local_pool_, eager_limit_ + wire::kHeaderBytes, d);
   if (buf == nullptr) return false;
   char* p = buf->data + wire::kHeaderBytes;
   size_t len = 0;
   int ops = 0;
-  while (!writes_.empty() && len < peer_acc_) {
+  while (!writes_.empty() && len < eager_limit_) {
     WriteOp& op = writes_.front();
-    if (op.total > peer_acc_) break;  // a large write goes by rendezvous
-    size_t n = std::min(op.total - op.copied, peer_acc_ - len);
+    if (op.total > eager_limit_) break;  // a large write goes by rendezvous
+    size_t n = std::min(op.total - op.copied, eager_limit_ - len);
     CopyOut(op, op.copied, p + len, n);
     op.copied += n;
     len += n;
@@ -472,7 +482,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
       if (!WritePreGrantedLocked(d)) break;
       continue;
     }
-    if (op.total > peer_acc_) {
+    if (op.total > eager_limit_) {
       if (op.rts_sent) break;  // waiting for grants
       wire::Header h{};
       h.type = wire::kRts;
@@ -504,7 +514,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
 // (only from memory the budget has to spare: never waits for it).
 void ConnImpl::IssueStandingGrantsLocked() {
   const Options& o = engine_->options;
-  uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, kStandingBytes));
+  uint32_t len = std::min(grant_limit_, kStandingBytes);
   if (len <= o.acc_size) return;  // every such message is eager anyway
   // The peer's receives are for data and for the grants of announced
   // transfers too: standing grants (held until used) take at most half.
@@ -540,7 +550,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
   while (in_active_ && in_granted_ < in_total_ &&
          static_cast<int>(landings_.size()) - standing_out_ < o.chunks_in_flight &&
          peer_credits_ >= 2) {
-    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(o.chunk_size, in_total_ - in_granted_));
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(grant_limit_, in_total_ - in_granted_));
     PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
     if (buf == nullptr) return;  // granted again when pinned memory comes back
     uint32_t id = next_grant_++;

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -45,11 +46,12 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
 }
 
 bool ValidHello(const void* data, size_t len, wire::Hello* out) {
-  if (data == nullptr || len < sizeof(wire::Hello)) return false;
-  memcpy(out, data, sizeof(*out));
+  if (data == nullptr || len < wire::kHelloV2Bytes) return false;
+  *out = wire::Hello{};  // fields an older peer's Hello lacks are 0
+  memcpy(out, data, std::min(len, sizeof(*out)));
   return out->magic == wire::kMagic && out->version == wire::kVersion &&
          out->eager_depth >= 3 && out->eager_depth <= 4096 && out->acc_size >= 64 &&
-         out->acc_size <= (1u << 20);
+         out->acc_size <= (1u << 20) && (out->max_chunk == 0 || out->max_chunk >= (4u << 10));
 }
 
 }  // namespace

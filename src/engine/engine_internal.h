@@ -125,10 +125,12 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::string peer_, local_;
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
+  uint32_t eager_limit_ = 0;  // largest eager write: peer_acc_, if we can stage it
   int peer_standing_ = 0;  // standing grants the peer accepts (its Hello)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
   bool armed_solicited_ = false;  // the CQ's last arm was solicited-only
   int peer_depth_ = 0;
+  uint32_t grant_limit_ = 0;  // our largest grant: both chunk sizes' minimum
   int peer_credits_ = 0;
   int credits_to_return_ = 0;
   std::vector<PinnedBuffer*> recv_bufs_;

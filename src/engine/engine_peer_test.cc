@@ -271,6 +271,44 @@ TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
   }
 }
 
+// Grants fit the writer: no larger than the chunk size the peer's Hello
+// gives (its staging buffers), or than our own when the peer is older
+// (a 16-byte Hello) or says 0; a Hello with an absurd one is refused.
+TEST(EnginePeers, GrantsFollowThePeersChunkSize) {
+  Options o;
+  o.chunk_size = 512 << 10;
+  auto se = Engine::Create(o);
+  ASSERT_TRUE(se.ok());
+  std::vector<std::shared_ptr<Connection>> accepted;
+  std::mutex mu;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  struct Case {
+    const char* max_chunk;
+    const char* hello_bytes;
+    int expected;  // exit status
+  } cases[] = {
+      {"131072", "20", 100 + 2},      // the peer's 128 KiB
+      {"4194304", "20", 100 + 8},     // our 512 KiB
+      {"0", "20", 100 + 8},           // not said: ours
+      {"131072", "16", 100 + 8},      // an older peer's Hello: the field is not there
+      {"1000", "20", 12},             // under 4 KiB: refused
+  };
+  for (const Case& c : cases) {
+    pid_t child = Spawn({"--child", "rogue", std::to_string(*port)},
+                        {"ROGUE_MODE=cts_len", std::string("ROGUE_MAX_CHUNK=") + c.max_chunk,
+                         std::string("ROGUE_HELLO_BYTES=") + c.hello_bytes});
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), c.expected)
+        << "max_chunk " << c.max_chunk << " in a Hello of " << c.hello_bytes << " bytes";
+  }
+}
+
 // A peer whose Hello does not say its messages are solicited (an engine
 // from before) must still wake an idle engine with each message: the
 // engine arms for all completions for it. softverbs' direct wake-up is off
@@ -443,11 +481,14 @@ int ChildRogue(uint16_t port) {
     ibv_post_recv(id->qp, &w, &bad);
   }
   const char* standing = getenv("ROGUE_STANDING");
+  const char* max_chunk = getenv("ROGUE_MAX_CHUNK");
+  const char* hello_bytes = getenv("ROGUE_HELLO_BYTES");  // 16: an older engine's
   wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192,
-                static_cast<uint16_t>(standing ? atoi(standing) : 0), 0};
+                static_cast<uint16_t>(standing ? atoi(standing) : 0), 0,
+                static_cast<uint32_t>(max_chunk ? atoi(max_chunk) : 0)};
   rdma_conn_param p{};
   p.private_data = &h;
-  p.private_data_len = sizeof(h);
+  p.private_data_len = hello_bytes ? atoi(hello_bytes) : sizeof(h);
   p.rnr_retry_count = 7;
   p.retry_count = 7;
   if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
@@ -491,6 +532,7 @@ int ChildRogue(uint16_t port) {
   ibv_post_send(id->qp, &w, &bad);
   wire::Header cts{};
   if (AwaitControl(cq, mem.data(), wire::kCts, 5000, true, &cts) == 0) return 13;
+  if (mode == "cts_len") return 100 + cts.len / 65536;  // exit status: grant in 64 KiB
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
   bool write_past = mode == "write_past";

@@ -94,9 +94,11 @@ struct Pair {
     client.reset();
     server.reset();
   }
-  bool Open(const Options& o) {
-    auto se = Engine::Create(o);
-    auto ce = Engine::Create(o);
+  bool Open(const Options& o) { return Open(o, o); }
+  // Server and client configured apart (TF_RDMA_* set differently).
+  bool Open(const Options& server_options, const Options& client_options) {
+    auto se = Engine::Create(server_options);
+    auto ce = Engine::Create(client_options);
     if (!se.ok() || !ce.ok()) return false;
     server = std::move(*se);
     client = std::move(*ce);
@@ -398,6 +400,49 @@ TEST(Engine, AnnouncedTransfersProgressWithOneChunkInFlight) {
   EXPECT_TRUE(at_server.data() == all);
   EXPECT_GT(p.c->stats().rendezvous, p.c->stats().pre_granted);
   p.Close();
+}
+
+}  // namespace
+}  // namespace grpc_rdma
+
+namespace grpc_rdma {
+namespace {
+
+// TF_RDMA_CHUNK_SIZE and TF_RDMA_ACC_SIZE are per-process settings, and
+// the two ends of a connection need not agree: a grant (announced or
+// standing) must never be larger than the writer's own chunk size, nor an
+// eager message larger than its own buffers, whichever side has the larger
+// ones.
+TEST(Engine, EndsWithDifferentChunkAndEagerSizesInteroperate) {
+  Options small, large;
+  small.chunk_size = 64 << 10;
+  large.chunk_size = 1 << 20;
+  large.acc_size = 256 << 10;
+  for (int server_small = 0; server_small < 2; ++server_small) {
+    Pair p;
+    ASSERT_TRUE(server_small ? p.Open(small, large) : p.Open(large, small));
+    Sink at_server(p.s), at_client(p.c);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // grants arrive
+    const size_t kSizes[] = {100000, 20000, 300000, (4 << 20) + 3, 600000, 65536, 1 << 20};
+    std::string to_server, to_client;
+    for (size_t i = 0; i < sizeof(kSizes) / sizeof(kSizes[0]); ++i) {
+      std::string m = Pattern(kSizes[i], 700 + i), r = Pattern(kSizes[i], 800 + i);
+      ASSERT_TRUE(WriteAll(*p.c, m).ok()) << "size " << kSizes[i];
+      ASSERT_TRUE(WriteAll(*p.s, r).ok()) << "size " << kSizes[i];
+      to_server += m;
+      to_client += r;
+    }
+    ASSERT_TRUE(at_server.WaitFor(to_server.size(), 20000)) << at_server.status();
+    ASSERT_TRUE(at_client.WaitFor(to_client.size(), 20000)) << at_client.status();
+    EXPECT_TRUE(at_server.data() == to_server);
+    EXPECT_TRUE(at_client.data() == to_client);
+    // Toward the small end, standing grants of 64 KiB (above its 8 KiB
+    // eager limit) are used; the large end's 64 KiB grants would be under
+    // its 256 KiB eager limit, so it makes none.
+    EXPECT_GT((server_small ? p.c : p.s)->stats().pre_granted, 0u);
+    EXPECT_EQ((server_small ? p.s : p.c)->stats().pre_granted, 0u);
+    p.Close();
+  }
 }
 
 }  // namespace

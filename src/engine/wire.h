@@ -15,6 +15,7 @@
 #ifndef GRPC_RDMA_SRC_ENGINE_WIRE_H_
 #define GRPC_RDMA_SRC_ENGINE_WIRE_H_
 
+#include <cstddef>
 #include <cstdint>
 
 namespace grpc_rdma {
@@ -58,12 +59,19 @@ struct Hello {
   // peer from before this field) means 2.
   uint16_t standing_grants;
   uint16_t flags;  // kHello* bits
+  // The largest grant the sender can write into (its TF_RDMA_CHUNK_SIZE):
+  // the peer grants no more. 0, from an engine older than this field (whose
+  // Hello is 16 bytes), means the receiver's own chunk size.
+  uint32_t max_chunk;
 };
+// The Hello of engines from before max_chunk: still accepted.
+constexpr size_t kHelloV2Bytes = 16;
 // Every message the sender sends is solicited (IBV_SEND_SOLICITED): the
 // receiver may arm its CQ for solicited completions only. Not set by
 // engines from before the flag, whose peers must arm for all.
 constexpr uint16_t kHelloSolicited = 1;
 static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
+static_assert(offsetof(Hello, max_chunk) == kHelloV2Bytes, "older fields first");
 
 }  // namespace wire
 }  // namespace grpc_rdma

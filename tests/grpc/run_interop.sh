@@ -22,11 +22,14 @@
 #   small-pool    TF_RDMA_BUF_SIZE far below the data in flight (64 KiB
 #                 chunks, 1 MiB of pinned memory per process) and 4 MiB
 #                 messages: backpressure, every byte right, over RDMA
+#   mixed-chunks  TF_RDMA_CHUNK_SIZE 64 KiB on the server, the default
+#                 (4 MiB) with TF_RDMA_ACC_SIZE 256 KiB on the client:
+#                 both directions over RDMA, every byte right
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool trace)
+       small-pool mixed-chunks trace)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -273,6 +276,16 @@ case "$CASE" in
     expect "$C" bytes_received ge $(( 2 * ((4 << 20) + (1 << 20)) ))
     expect "$C" chunks_copied ge 1   # the pool ran short: chunks copied out
     expect "$S" rdma_server_connections ge 2
+    ;;
+  mixed-chunks)
+    start_server "" 127.0.0.1 1 TF_RDMA_CHUNK_SIZE=65536 &&
+      { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_ACC_SIZE=262144; stop_server; }
+    expect "$C" rdma_client_connections ge 2
+    expect "$C" tcp_client_connections eq 0
+    expect "$C" bytes_sent ge $(( 2 * ((4 << 20) + (1 << 20)) ))
+    expect "$C" bytes_received ge $(( 2 * ((4 << 20) + (1 << 20)) ))
+    expect "$S" rdma_server_connections ge 2
+    expect "$S" tcp_server_connections eq 0
     ;;
   trace)
     start_server "" 127.0.0.1 1 GRPC_TRACE=rdma GRPC_VERBOSITY=info &&
