@@ -569,7 +569,13 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     landings_[id] = Landing{buf, len};
     in_granted_ += len;
   }
-  if (state_ == State::kUp && !in_active_) IssueStandingGrantsLocked();
+  // Also during an announced transfer: the peer uses a standing grant only
+  // for a message after it (in order on the QP, so it lands after the
+  // transfer's last chunk). Held back until the transfer ended, they were
+  // all used up in a stream of mid-size messages, the next message was
+  // announced again, and so on: 64 KiB streaming 672-783 -> 967-1146 MB/s
+  // (same run), 71% -> 88% of messages into standing grants.
+  if (state_ == State::kUp) IssueStandingGrantsLocked();
 }
 
 void ConnImpl::Violation(const char* what, Deferred* d) {

@@ -271,6 +271,27 @@ TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
   }
 }
 
+// A standing grant the peer used is made again at once, even when the
+// peer has announced a transfer meanwhile: held back until the transfer
+// ended, a stream of mid-size messages used them all up and then went
+// announced, message after message.
+TEST(EnginePeers, StandingGrantsAreRenewedDuringAnAnnouncedTransfer) {
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::vector<std::shared_ptr<Connection>> accepted;
+  std::mutex mu;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, {"ROGUE_MODE=pre_then_rts"});
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 100 + 1) << "standing grants renewed while the transfer was open";
+}
+
 // Grants fit the writer: no larger than the chunk size the peer's Hello
 // gives (its staging buffers), or than our own when the peer is older
 // (a 16-byte Hello) or says 0; a Hello with an absurd one is refused.
@@ -443,6 +464,50 @@ int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_
   return 17;
 }
 
+// Takes the engine's two standing grants, writes a valid message into one
+// and announces a 100 KB write in the same post (so the engine sees both
+// at once), returning credits; then, without ever writing the announced
+// chunks, counts the standing grants the engine makes while the transfer
+// is open. Exit status: 100 + that count, or 18-20.
+int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
+  wire::Header pre{};
+  if (AwaitControl(cq, mem, wire::kPre, 300, false, &pre) != 2) return 18;
+  ibv_sge data{reinterpret_cast<uint64_t>(mem + 8 * 65536), 20000, mr->lkey};
+  ibv_send_wr w{}, *bad;
+  w.sg_list = &data;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  w.imm_data = htonl(pre.grant);
+  w.wr.rdma.remote_addr = pre.a;
+  w.wr.rdma.rkey = pre.rkey;
+  wire::Header rts{};
+  rts.type = wire::kRts;
+  rts.version = wire::kVersion;
+  rts.credits = 2;  // for the two grants' receives
+  rts.a = 100000;     // one grant: credits stay for a standing one
+  ibv_sge rs{reinterpret_cast<uint64_t>(&rts), sizeof(rts), 0};
+  ibv_send_wr r{};
+  r.sg_list = &rs;
+  r.num_sge = 1;
+  r.opcode = IBV_WR_SEND;
+  r.send_flags = IBV_SEND_INLINE;
+  w.next = &r;
+  if (ibv_post_send(id->qp, &w, &bad) != 0) return 19;
+  int cts = 0, more_pre = 0;
+  for (int i = 0; i < 500; ++i) {
+    ibv_wc wc;
+    while (ibv_poll_cq(cq, 1, &wc) == 1) {
+      if (wc.opcode != IBV_WC_RECV || wc.status != IBV_WC_SUCCESS) continue;
+      wire::Header m{};
+      memcpy(&m, mem + wc.wr_id * 65536, sizeof(m));
+      cts += m.type == wire::kCts;
+      more_pre += m.type == wire::kPre;
+    }
+    usleep(1000);
+  }
+  return cts == 0 ? 20 : 100 + more_pre;
+}
+
 // Connects with raw rdma_cm as if it were an engine, announces a large
 // write, and abuses the grant it gets.
 int ChildRogue(uint16_t port) {
@@ -470,7 +535,7 @@ int ChildRogue(uint16_t port) {
   qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = 64;
   if (rdma_create_qp(id, pd, &qa)) return 11;
-  std::vector<char> mem(1 << 20);
+  std::vector<char> mem(9 << 16);
   ibv_mr* mr = ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
   for (int i = 0; i < 8; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(mem.data() + i * 65536), 65536, mr->lkey};
@@ -495,6 +560,7 @@ int ChildRogue(uint16_t port) {
   const char* mode_env = getenv("ROGUE_MODE");
   std::string mode = mode_env ? mode_env : "read";
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
+  if (mode == "pre_then_rts") return RoguePreThenRts(id, cq, mem.data(), mr);
   if (mode == "unsolicited") {
     // An engine from before solicited messages: after a pause (the peer's
     // poller goes to sleep), one DATA message without IBV_SEND_SOLICITED.
