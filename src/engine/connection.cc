@@ -26,6 +26,10 @@ constexpr uint64_t kMaxTransfer = 1ull << 40;
 constexpr int kStandingGrants = 8;
 constexpr uint32_t kStandingBytes = 512 * 1024;
 constexpr int kInline = 64;  // control messages go inline: no buffer needed
+// Announced transfers: pieces no smaller than this, and a tail of up to
+// kTail granted beyond TF_RDMA_CHUNKS_IN_FLIGHT (see IssueGrantsLocked).
+constexpr uint64_t kMinPiece = 256 << 10;
+constexpr uint64_t kTail = 64 << 10;
 
 absl::Status Closed(absl::string_view why) { return absl::UnavailableError(why); }
 
@@ -547,10 +551,26 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
   // Standing grants are landings too, but outside TF_RDMA_CHUNKS_IN_FLIGHT:
   // counted in, they could take every slot and the transfer would wait for
   // ever (the peer writes an announced message only into its grants).
-  while (in_active_ && in_granted_ < in_total_ &&
-         static_cast<int>(landings_.size()) - standing_out_ < o.chunks_in_flight &&
-         peer_credits_ >= 2) {
-    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(grant_limit_, in_total_ - in_granted_));
+  // A transfer that TF_RDMA_CHUNKS_IN_FLIGHT chunks would cover is cut
+  // into that many pieces (a power of two, at least kMinPiece, so they
+  // share the pool's size classes): they move in parallel, and the reader
+  // gets the first while the rest are still on their way (a 4 MiB unary
+  // call with 4 MiB chunks: one 4 MiB piece before, four of 1 MiB now;
+  // p50 18.1 -> 16.3 ms, 1 MiB 4.1 -> 3.7 ms, medians of six, same run).
+  // gRPC's framing makes such messages a few bytes longer than the power
+  // of two: that tail (at most kTail) is granted along with the full
+  // pieces, one landing over the limit, rather than a round trip later.
+  uint64_t piece = grant_limit_;
+  if (in_total_ <= static_cast<uint64_t>(o.chunks_in_flight) * grant_limit_) {
+    uint64_t share = in_total_ / o.chunks_in_flight, p2 = kMinPiece;
+    while (p2 * 2 <= share) p2 *= 2;
+    piece = std::min<uint64_t>(grant_limit_, p2);
+  }
+  while (in_active_ && in_granted_ < in_total_ && peer_credits_ >= 2) {
+    uint64_t left = in_total_ - in_granted_;
+    int in_flight = static_cast<int>(landings_.size()) - standing_out_;
+    if (in_flight > o.chunks_in_flight || (in_flight == o.chunks_in_flight && left > kTail)) break;
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(piece, left));
     PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
     if (buf == nullptr) return;  // granted again when pinned memory comes back
     uint32_t id = next_grant_++;

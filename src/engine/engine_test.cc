@@ -447,3 +447,25 @@ TEST(Engine, EndsWithDifferentChunkAndEagerSizesInteroperate) {
 
 }  // namespace
 }  // namespace grpc_rdma
+
+namespace grpc_rdma {
+namespace {
+
+// An announced transfer that the chunks in flight would cover is cut into
+// that many pieces, so they move in parallel and the reader gets the first
+// early: 4 MiB + 3 bytes with 4 MiB chunks, 4 in flight, arrives as four
+// 1 MiB pieces and the 3-byte tail, byte-exact.
+TEST(Engine, AnnouncedTransfersAreCutIntoPiecesThatMoveTogether) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s);
+  std::string big = Pattern((4 << 20) + 3, 77);
+  ASSERT_TRUE(WriteAll(*p.c, big).ok());
+  ASSERT_TRUE(at_server.WaitFor(big.size()));
+  EXPECT_TRUE(at_server.data() == big);
+  EXPECT_EQ(p.s->stats().chunks_zero_copy, 5u);
+  p.Close();
+}
+
+}  // namespace
+}  // namespace grpc_rdma
