@@ -1,6 +1,7 @@
 // The data path of one connection: eager coalescing under credits,
 // rendezvous into granted buffers, the reader queue, and closing.
 #include <arpa/inet.h>
+#include <poll.h>
 #include <string.h>
 
 #include <algorithm>
@@ -260,6 +261,41 @@ void ConnImpl::Shutdown(absl::Status why) {
   }
   for (auto& f : d) f();
   engine_->Wake();
+}
+
+bool ConnImpl::PollNow() {
+  engine_->NoteHostPoll();
+  Deferred d;
+  int seen = 0;
+  {
+    std::lock_guard<std::mutex> g(engine_->mu);
+    if (!channel_ || !cq_) return false;
+    ibv_cq* cq;
+    void* ctx;
+    pollfd p{channel_->fd, POLLIN, 0};
+    // One event per arm; ack at once (destroying the CQ waits for it).
+    if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
+      ibv_ack_cq_events(cq, 1);
+    seen = HandleCqLocked(&d);
+    // The host goes back to waiting on the descriptor: arm, then look once
+    // more (what completed before the arm raises no event).
+    ArmCqLocked();
+    seen += HandleCqLocked(&d);
+  }
+  bool did = seen > 0 || !d.empty();
+  for (auto& f : d) f();
+  if (did) engine_->host_polls.fetch_add(1, std::memory_order_relaxed);
+  return did;
+}
+
+void ConnImpl::SetHostPolled(bool on) {
+  std::lock_guard<std::mutex> g(engine_->mu);
+  host_polled = on;
+  if (on) {
+    engine_->UnwatchLocked(this);
+  } else {
+    engine_->WatchLocked(this);
+  }
 }
 
 ConnectionStats ConnImpl::stats() const {

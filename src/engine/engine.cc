@@ -90,7 +90,7 @@ void EngineImpl::Shutdown() {
   {
     std::lock_guard<std::mutex> g(mu);
     for (auto& [id, c] : conns_) {
-      if (c->channel_fd() >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+      UnwatchLocked(c.get());
       c->CloseLocked(absl::UnavailableError("engine shut down"), &d, true);
     }
     conns.swap(conns_);
@@ -111,10 +111,19 @@ void EngineImpl::Wake() {
 }
 
 void EngineImpl::WatchLocked(ConnImpl* c) {
+  if (c->watched || c->host_polled || c->channel_fd() < 0 || stop_) return;
+  auto it = conns_.find(c->cm_id());
+  if (it == conns_.end() || it->second.get() != c) return;  // gone: nothing to watch
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = reinterpret_cast<uint64_t>(c->cm_id());
-  epoll_ctl(epfd_, EPOLL_CTL_ADD, c->channel_fd(), &ev);
+  c->watched = epoll_ctl(epfd_, EPOLL_CTL_ADD, c->channel_fd(), &ev) == 0;
+}
+
+void EngineImpl::UnwatchLocked(ConnImpl* c) {
+  if (!c->watched) return;
+  epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+  c->watched = false;
 }
 
 std::shared_ptr<ConnImpl> EngineImpl::Find(rdma_cm_id* id) {
@@ -184,7 +193,7 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
   c->CloseLocked(s, d, false);
   auto it = conns_.find(c->cm_id());
   if (it != conns_.end()) {
-    if (c->channel_fd() >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+    UnwatchLocked(c);
     auto keep = it->second;
     conns_.erase(it);
     d->push_back([keep] {});  // destroyed after the lock is dropped
@@ -346,7 +355,7 @@ bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wak
 }
 
 bool EngineImpl::PollNow() {
-  last_host_poll_us.store(NowMicros(), std::memory_order_relaxed);
+  NoteHostPoll();
   epoll_event evs[64];
   Deferred d;
   bool did;

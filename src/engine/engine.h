@@ -96,6 +96,19 @@ class Connection {
   // received and not read is dropped. Writes already reported done still
   // reach the peer: the disconnect waits for their completions. Idempotent.
   virtual void Shutdown(absl::Status why) = 0;
+  // For a host event loop that polls each connection on its own (gRPC's
+  // pollers hand different descriptors to different threads, so calls on
+  // different connections are handled in parallel, as with TCP): a
+  // descriptor that becomes readable when this connection has completions
+  // to handle (-1 once it has none), and a call that handles them without
+  // blocking, running callbacks on the calling thread (false: nothing to
+  // do). While SetHostPolled(true), the engine's poller does not watch this
+  // descriptor (it still looks at every connection when it wakes, at least
+  // every 20 ms while a host polls); false gives it back. Do not close the
+  // descriptor.
+  virtual int event_fd() const = 0;
+  virtual bool PollNow() = 0;
+  virtual void SetHostPolled(bool on) = 0;
   virtual std::string peer() const = 0;   // "rdma:10.0.0.2:50051"
   virtual std::string local() const = 0;
   virtual ConnectionStats stats() const = 0;

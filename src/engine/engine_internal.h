@@ -22,6 +22,8 @@
 
 namespace grpc_rdma {
 
+uint64_t NowMicros();
+
 // Callbacks to run once the engine lock is released.
 using Deferred = std::vector<std::function<void()>>;
 
@@ -36,6 +38,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void Write(std::vector<iovec> data, WriteDone done) override;
   void Read(ReadDone done) override;
   void Shutdown(absl::Status why) override;
+  int event_fd() const override { return channel_fd(); }
+  bool PollNow() override;
+  void SetHostPolled(bool on) override;
   std::string peer() const override { return peer_; }
   std::string local() const override { return local_; }
   ConnectionStats stats() const override;
@@ -61,6 +66,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool passive() const { return passive_; }
   wire::Hello MyHello() const;
 
+  bool host_polled = false;          // SetHostPolled: not in the poller's epoll set
+  bool watched = false;              // in the poller's epoll set
   Engine::ConnectDone connect_done;  // client, until established
   bool accepted = false;             // server: rdma_accept done
   uint64_t connect_deadline_us = 0;
@@ -184,7 +191,12 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();
+  // Adds the connection's completion channel to the poller's epoll set
+  // (unless a host polls it), or takes it out.
   void WatchLocked(ConnImpl* c);
+  void UnwatchLocked(ConnImpl* c);
+  // Remembers that a host event loop polled just now (see Engine).
+  void NoteHostPoll() { last_host_poll_us.store(NowMicros(), std::memory_order_relaxed); }
 
   std::mutex mu;
   const Options options;
@@ -208,8 +220,6 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   bool stop_ = false;
   std::thread poller_;
 };
-
-uint64_t NowMicros();
 
 }  // namespace grpc_rdma
 

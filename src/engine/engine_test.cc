@@ -3,6 +3,7 @@
 #include "engine/testing.h"
 
 #include <arpa/inet.h>
+#include <poll.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -464,6 +465,50 @@ TEST(Engine, AnnouncedTransfersAreCutIntoPiecesThatMoveTogether) {
   ASSERT_TRUE(at_server.WaitFor(big.size()));
   EXPECT_TRUE(at_server.data() == big);
   EXPECT_EQ(p.s->stats().chunks_zero_copy, 5u);
+  p.Close();
+}
+
+// A connection a host event loop polls itself (SetHostPolled): its
+// descriptor becomes readable when data comes, the engine's poller leaves
+// it alone, and PollNow hands the data over on the calling thread; given
+// back, the poller delivers again by itself.
+TEST(Engine, AHostPolledConnectionIsHandledByTheHost) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  ASSERT_GE(p.s->event_fd(), 0);
+  p.s->SetHostPolled(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the poller goes idle
+  std::mutex mu;
+  std::string got;
+  std::thread::id reader;
+  p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
+    std::lock_guard<std::mutex> l(mu);
+    reader = std::this_thread::get_id();
+    if (r.ok())
+      for (RecvChunk& c : *r) got.append(c.data(), c.size());
+  });
+  ASSERT_TRUE(WriteAll(*p.c, "polled by the host").ok());
+  pollfd pfd{p.s->event_fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 5000), 1) << "the descriptor never became readable";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_TRUE(got.empty()) << "the engine's poller handled a host-polled connection";
+  }
+  for (int i = 0; i < 1000; ++i) {
+    p.s->PollNow();
+    std::lock_guard<std::mutex> l(mu);
+    if (!got.empty()) break;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(got, "polled by the host");
+    EXPECT_EQ(reader, std::this_thread::get_id());
+  }
+  p.s->SetHostPolled(false);
+  Sink at_server(p.s);
+  ASSERT_TRUE(WriteAll(*p.c, "and by the engine").ok());
+  EXPECT_TRUE(at_server.WaitFor(17, 5000)) << "not delivered once given back";
   p.Close();
 }
 

@@ -30,6 +30,7 @@ struct State {
   std::string peer, local;
   bool server = false;
   bool polling = false;  // acquired gRPC polling of the engine
+  PollRegistration* conn_polling = nullptr;  // gRPC polls the connection's own descriptor
 };
 
 struct RdmaEndpoint {
@@ -107,6 +108,7 @@ void EpDestroy(grpc_endpoint* ep) {
   auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
   State* st = e->st.get();
   st->conn->Shutdown(absl::UnavailableError("endpoint destroyed"));
+  if (st->conn_polling != nullptr) Runtime::Get()->StopPollingConnection(st->conn_polling, st->conn.get());
   // Shut down: its counts are final.
   UntrackConnection(st->conn.get(), st->conn->stats());
   GlobalCounters().rdma_open.fetch_sub(1);
@@ -155,6 +157,7 @@ grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server)
   if (Runtime* rt = Runtime::Get()) {
     rt->AcquirePolling();
     e->st->polling = true;
+    e->st->conn_polling = rt->PollConnection(e->st->conn);
   }
   Counters& c = GlobalCounters();
   (server ? c.rdma_server : c.rdma_client).fetch_add(1);

@@ -23,6 +23,8 @@
 
 namespace grpc_rdma {
 
+struct PollRegistration;  // grpc_polling.cc
+
 class Runtime {
  public:
   // The installed runtime, or nullptr before Install. Never destroyed.
@@ -43,6 +45,11 @@ class Runtime {
   // Call with an ExecCtx.
   void AcquirePolling();
   void ReleasePolling();
+  // gRPC's pollers poll `conn`'s own descriptor, so different threads can
+  // handle different connections; nullptr when they cannot (the engine's
+  // poller then does). Stop before the endpoint goes. Call with an ExecCtx.
+  PollRegistration* PollConnection(std::shared_ptr<Connection> conn);
+  void StopPollingConnection(PollRegistration* r, Connection* conn);
 
   // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
   // failed goes straight to TCP for TF_RDMA_FALLBACK_TTL_S seconds.
