@@ -273,9 +273,15 @@ bool ConnImpl::PollNow() {
     ibv_cq* cq;
     void* ctx;
     pollfd p{channel_->fd, POLLIN, 0};
-    // One event per arm; ack at once (destroying the CQ waits for it).
-    if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0)
-      ibv_ack_cq_events(cq, 1);
+    // Every event queued (the CQ may have been armed again, elsewhere,
+    // before this runs, and gRPC's poller reports the descriptor only on
+    // an edge): the channel is non-blocking. Acked at once (destroying the
+    // CQ waits for it).
+    if (poll(&p, 1, 0) == 1) {
+      unsigned n = 0;
+      while (ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++n;
+      if (n > 0) ibv_ack_cq_events(cq_.get(), n);
+    }
     seen = HandleCqLocked(&d);
     // The host goes back to waiting on the descriptor: arm, then look once
     // more (what completed before the arm raises no event).
@@ -291,11 +297,7 @@ bool ConnImpl::PollNow() {
 void ConnImpl::SetHostPolled(bool on) {
   std::lock_guard<std::mutex> g(engine_->mu);
   host_polled = on;
-  if (on) {
-    engine_->UnwatchLocked(this);
-  } else {
-    engine_->WatchLocked(this);
-  }
+  engine_->WatchLocked(this);
 }
 
 ConnectionStats ConnImpl::stats() const {
@@ -597,9 +599,13 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
   // of two: that tail (at most kTail) is granted along with the full
   // pieces, one landing over the limit, rather than a round trip later.
   uint64_t piece = grant_limit_;
-  if (in_total_ <= static_cast<uint64_t>(o.chunks_in_flight) * grant_limit_) {
-    uint64_t share = in_total_ / o.chunks_in_flight, p2 = kMinPiece;
-    while (p2 * 2 <= share) p2 *= 2;
+  const uint64_t cif = static_cast<uint64_t>(o.chunks_in_flight);
+  if (cif > 1 && in_total_ <= cif * grant_limit_) {
+    // The largest power of two (from kMinPiece) that cif pieces and a tail
+    // cover; if they do not, the next one up (fewer than cif pieces).
+    uint64_t p2 = kMinPiece;
+    while (p2 * 2 * cif <= in_total_) p2 *= 2;
+    if (p2 * cif + kTail < in_total_) p2 *= 2;
     piece = std::min<uint64_t>(grant_limit_, p2);
   }
   while (in_active_ && in_granted_ < in_total_ && peer_credits_ >= 2) {

@@ -31,6 +31,8 @@ namespace {
 // epoll tags: the CM channel and the wake fd have fixed ones; a
 // connection's completion channel is tagged with its CM id.
 constexpr uint64_t kTagCm = 1, kTagWake = 2;
+// In the poller's own set: the shared set (epfd_) has something ready.
+constexpr uint64_t kTagShared = 3;
 
 // Our connect/accept parameters: the Hello as private data, and infinite
 // RNR retry (credits keep receives posted; a wait is never an error).
@@ -71,6 +73,10 @@ absl::Status EngineImpl::Start() {
   epoll_ctl(epfd_, EPOLL_CTL_ADD, events_->fd, &ev);
   ev.data.u64 = kTagWake;
   epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  poll_epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (poll_epfd_ < 0) return ErrnoStatus(errno, "epoll_create1");
+  ev.data.u64 = kTagShared;
+  epoll_ctl(poll_epfd_, EPOLL_CTL_ADD, epfd_, &ev);
   poller_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "rdma-engine");  // for top, gdb, perf
     PollerMain();
@@ -101,6 +107,7 @@ void EngineImpl::Shutdown() {
 }
 
 EngineImpl::~EngineImpl() {
+  if (poll_epfd_ >= 0) close(poll_epfd_);
   if (epfd_ >= 0) close(epfd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -111,19 +118,25 @@ void EngineImpl::Wake() {
 }
 
 void EngineImpl::WatchLocked(ConnImpl* c) {
-  if (c->watched || c->host_polled || c->channel_fd() < 0 || stop_) return;
+  // A host-polled connection's channel goes in the poller's own set only,
+  // where the poller sees it when no host thread polls (the host's copy of
+  // epfd_ must not report it: another thread would wake for every event).
+  int target = c->host_polled ? poll_epfd_ : epfd_;
   auto it = conns_.find(c->cm_id());
-  if (it == conns_.end() || it->second.get() != c) return;  // gone: nothing to watch
+  if (it == conns_.end() || it->second.get() != c || c->channel_fd() < 0 || stop_) target = -1;
+  if (c->watch_set == target) return;
+  UnwatchLocked(c);
+  if (target < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = reinterpret_cast<uint64_t>(c->cm_id());
-  c->watched = epoll_ctl(epfd_, EPOLL_CTL_ADD, c->channel_fd(), &ev) == 0;
+  if (epoll_ctl(target, EPOLL_CTL_ADD, c->channel_fd(), &ev) == 0) c->watch_set = target;
 }
 
 void EngineImpl::UnwatchLocked(ConnImpl* c) {
-  if (!c->watched) return;
-  epoll_ctl(epfd_, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
-  c->watched = false;
+  if (c->watch_set < 0) return;
+  epoll_ctl(c->watch_set, EPOLL_CTL_DEL, c->channel_fd(), nullptr);
+  c->watch_set = -1;
 }
 
 std::shared_ptr<ConnImpl> EngineImpl::Find(rdma_cm_id* id) {
@@ -312,7 +325,11 @@ bool EngineImpl::PollAllLocked(Deferred* d) {
 bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d) {
   for (int i = 0; i < n; ++i) {
     uint64_t tag = evs[i].data.u64;
-    if (tag == kTagWake) {
+    if (tag == kTagShared) {
+      epoll_event shared[64];
+      int m = epoll_wait(epfd_, shared, 64, 0);
+      if (m > 0) HandleEventsLocked(shared, m, take_wake, d);
+    } else if (tag == kTagWake) {
       if (!take_wake) continue;  // the poller's: it may be waiting for it
       uint64_t v;
       (void)!read(wake_fd_, &v, sizeof(v));
@@ -417,15 +434,16 @@ void EngineImpl::PollerMain() {
       int ms = static_cast<int>(kBackupUs / 1000);
       if (timeout > 0 && timeout < ms) ms = timeout;
       poll(&p, 1, ms);
-      n = epoll_wait(epfd_, evs, 64, 0);
+      n = epoll_wait(poll_epfd_, evs, 64, 0);
     } else {
-      n = epoll_wait(epfd_, evs, 64, timeout);
+      // Everything: the shared set and the host-polled connections.
+      n = epoll_wait(poll_epfd_, evs, 64, timeout);
       if (n > 0 && external && timeout != 0) {
         // The host loop was woken too: let its thread, the one that waits
         // for what this event brings, handle it; step in only if it has
         // not within the grace (nobody is polling there).
         std::this_thread::sleep_for(std::chrono::microseconds(kExternalGraceUs));
-        n = epoll_wait(epfd_, evs, 64, 0);
+        n = epoll_wait(poll_epfd_, evs, 64, 0);
       }
     }
     Deferred d;

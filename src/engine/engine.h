@@ -102,9 +102,9 @@ class Connection {
   // descriptor that becomes readable when this connection has completions
   // to handle (-1 once it has none), and a call that handles them without
   // blocking, running callbacks on the calling thread (false: nothing to
-  // do). While SetHostPolled(true), the engine's poller does not watch this
-  // descriptor (it still looks at every connection when it wakes, at least
-  // every 20 ms while a host polls); false gives it back. Do not close the
+  // do). While SetHostPolled(true), the engine's poller watches this
+  // descriptor only as a backstop (every 20 ms while the host polls, after
+  // a grace when it does not); false gives it back. Do not close the
   // descriptor.
   virtual int event_fd() const = 0;
   virtual bool PollNow() = 0;

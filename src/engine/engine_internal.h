@@ -66,8 +66,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool passive() const { return passive_; }
   wire::Hello MyHello() const;
 
-  bool host_polled = false;          // SetHostPolled: not in the poller's epoll set
-  bool watched = false;              // in the poller's epoll set
+  bool host_polled = false;          // SetHostPolled: a host event loop polls it
+  int watch_set = -1;                // the epoll set its channel is in (-1: none)
   Engine::ConnectDone connect_done;  // client, until established
   bool accepted = false;             // server: rdma_accept done
   uint64_t connect_deadline_us = 0;
@@ -191,8 +191,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();
-  // Adds the connection's completion channel to the poller's epoll set
-  // (unless a host polls it), or takes it out.
+  // Puts the connection's completion channel in the shared epoll set, or
+  // in the poller's own one while a host polls it, or (gone) in none.
   void WatchLocked(ConnImpl* c);
   void UnwatchLocked(ConnImpl* c);
   // Remembers that a host event loop polled just now (see Engine).
@@ -215,7 +215,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::vector<CmId> listeners_;
   std::vector<Engine::AcceptFn> accept_fns_;  // indexed like listeners_
   std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns_;
-  int epfd_ = -1;
+  int epfd_ = -1;       // shared with a host loop: CM, wake-ups, connections no host polls
+  int poll_epfd_ = -1;  // the poller's own: epfd_ and the host-polled connections
   int wake_fd_ = -1;
   bool stop_ = false;
   std::thread poller_;

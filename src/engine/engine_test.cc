@@ -455,7 +455,7 @@ namespace {
 // An announced transfer that the chunks in flight would cover is cut into
 // that many pieces, so they move in parallel and the reader gets the first
 // early: 4 MiB + 3 bytes with 4 MiB chunks, 4 in flight, arrives as four
-// 1 MiB pieces and the 3-byte tail, byte-exact.
+// 1 MiB pieces and the 3-byte tail, 3 MiB as three 1 MiB pieces.
 TEST(Engine, AnnouncedTransfersAreCutIntoPiecesThatMoveTogether) {
   Pair p;
   ASSERT_TRUE(p.Open(Options{}));
@@ -465,50 +465,56 @@ TEST(Engine, AnnouncedTransfersAreCutIntoPiecesThatMoveTogether) {
   ASSERT_TRUE(at_server.WaitFor(big.size()));
   EXPECT_TRUE(at_server.data() == big);
   EXPECT_EQ(p.s->stats().chunks_zero_copy, 5u);
+  // 3 MiB: four 512 KiB pieces would leave 1 MiB over; three of 1 MiB.
+  std::string three = Pattern(3 << 20, 78);
+  ASSERT_TRUE(WriteAll(*p.c, three).ok());
+  ASSERT_TRUE(at_server.WaitFor(big.size() + three.size()));
+  EXPECT_TRUE(at_server.data() == big + three);
+  EXPECT_EQ(p.s->stats().chunks_zero_copy, 5u + 3u);
   p.Close();
 }
 
 // A connection a host event loop polls itself (SetHostPolled): its
-// descriptor becomes readable when data comes, the engine's poller leaves
-// it alone, and PollNow hands the data over on the calling thread; given
-// back, the poller delivers again by itself.
-TEST(Engine, AHostPolledConnectionIsHandledByTheHost) {
+// descriptor becomes readable when data comes and PollNow hands the data
+// over; when the host stops polling, the engine's poller still delivers
+// (after its grace), and once given back it delivers as before.
+TEST(Engine, AHostPolledConnectionIsHandledByTheHostOrElseByThePoller) {
   Pair p;
   ASSERT_TRUE(p.Open(Options{}));
   ASSERT_GE(p.s->event_fd(), 0);
+  p.server->SetExternalPolling(true);
   p.s->SetHostPolled(true);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the poller goes idle
+  p.s->PollNow();  // the host is polling: the poller only looks every 20 ms
   std::mutex mu;
   std::string got;
-  std::thread::id reader;
   p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
     std::lock_guard<std::mutex> l(mu);
-    reader = std::this_thread::get_id();
     if (r.ok())
       for (RecvChunk& c : *r) got.append(c.data(), c.size());
   });
   ASSERT_TRUE(WriteAll(*p.c, "polled by the host").ok());
   pollfd pfd{p.s->event_fd(), POLLIN, 0};
   ASSERT_EQ(poll(&pfd, 1, 5000), 1) << "the descriptor never became readable";
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  {
-    std::lock_guard<std::mutex> l(mu);
-    EXPECT_TRUE(got.empty()) << "the engine's poller handled a host-polled connection";
-  }
-  for (int i = 0; i < 1000; ++i) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
     p.s->PollNow();
     std::lock_guard<std::mutex> l(mu);
-    if (!got.empty()) break;
+    if (!got.empty() || std::chrono::steady_clock::now() > deadline) break;
   }
   {
     std::lock_guard<std::mutex> l(mu);
     EXPECT_EQ(got, "polled by the host");
-    EXPECT_EQ(reader, std::this_thread::get_id());
   }
-  p.s->SetHostPolled(false);
+  // Nobody polls any more (100 ms without PollNow): the poller steps in.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
   Sink at_server(p.s);
+  ASSERT_TRUE(WriteAll(*p.c, "by the poller").ok());
+  EXPECT_TRUE(at_server.WaitFor(13, 5000)) << "a host-polled connection left waiting";
+  p.s->SetHostPolled(false);
+  p.server->SetExternalPolling(false);
   ASSERT_TRUE(WriteAll(*p.c, "and by the engine").ok());
-  EXPECT_TRUE(at_server.WaitFor(17, 5000)) << "not delivered once given back";
+  EXPECT_TRUE(at_server.WaitFor(13 + 17, 5000)) << "not delivered once given back";
+  EXPECT_EQ(at_server.data(), "by the pollerand by the engine");
   p.Close();
 }
 

@@ -11,7 +11,9 @@
 //   connections are handled by different threads at once, as with TCP
 //   (one descriptor for all connections had every call of the process
 //   handled by one thread at a time: 4 clients' calls/s no higher than 1
-//   client's). The engine's poller leaves that descriptor alone meanwhile.
+//   client's). The engine's poller leaves that descriptor to gRPC while
+//   gRPC's threads poll, and steps in when they stop (as for the engine's
+//   own descriptor, below).
 // - the engine's event descriptor (an epoll fd: RDMA CM events, wake-ups,
 //   connections no gRPC poller watches), while RDMA endpoints or listeners
 //   exist. The engine's poller keeps running: whoever gets to an event
