@@ -247,27 +247,47 @@ INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer,
                                                             : std::string("SmallWriteIntoStandingGrant");
                          });
 
+// An engine that accepts a rogue peer (the child below) per Run, keeping
+// what it accepted; Run returns the rogue's exit status (-1: it did not
+// exit normally).
+class RogueServer {
+ public:
+  explicit RogueServer(const Options& o = Options{}) {
+    auto se = Engine::Create(o);
+    if (!se.ok()) return;
+    engine_ = std::move(*se);
+    auto port = engine_->Listen(Loopback(0), [this](std::shared_ptr<Connection> c) {
+      std::lock_guard<std::mutex> l(mu_);
+      accepted_.push_back(std::move(c));
+    });
+    if (port.ok()) port_ = *port;
+  }
+  bool ok() const { return port_ != 0; }
+  int Run(const std::vector<std::string>& env) {
+    pid_t child = Spawn({"--child", "rogue", std::to_string(port_)}, env);
+    int status = 0;
+    waitpid(child, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  uint16_t port_ = 0;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<Connection>> accepted_;
+};
+
 // Standing grants follow the peer's Hello: a peer from before the field
 // (0) gets the 2 it always accepted, a peer that accepts 8 gets as many as
 // half its receives allow (8 posted: 4), so grants for announced transfers
 // always find receives.
 TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
-  auto se = Engine::Create(Options{});
-  ASSERT_TRUE(se.ok());
-  std::vector<std::shared_ptr<Connection>> accepted;
-  std::mutex mu;
-  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
-    std::lock_guard<std::mutex> l(mu);
-    accepted.push_back(std::move(c));
-  });
-  ASSERT_TRUE(port.ok());
+  RogueServer server;
+  ASSERT_TRUE(server.ok());
   for (auto [standing, expected] : {std::pair<int, int>{0, 2}, {8, 4}}) {
-    pid_t child = Spawn({"--child", "rogue", std::to_string(*port)},
-                        {"ROGUE_MODE=count_pre", "ROGUE_STANDING=" + std::to_string(standing)});
-    int status = 0;
-    waitpid(child, &status, 0);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 100 + expected) << "standing grants for a Hello of " << standing;
+    EXPECT_EQ(server.Run({"ROGUE_MODE=count_pre", "ROGUE_STANDING=" + std::to_string(standing)}),
+              100 + expected)
+        << "standing grants for a Hello of " << standing;
   }
 }
 
@@ -276,20 +296,10 @@ TEST(EnginePeers, StandingGrantsFollowThePeersHello) {
 // ended, a stream of mid-size messages used them all up and then went
 // announced, message after message.
 TEST(EnginePeers, StandingGrantsAreRenewedDuringAnAnnouncedTransfer) {
-  auto se = Engine::Create(Options{});
-  ASSERT_TRUE(se.ok());
-  std::vector<std::shared_ptr<Connection>> accepted;
-  std::mutex mu;
-  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
-    std::lock_guard<std::mutex> l(mu);
-    accepted.push_back(std::move(c));
-  });
-  ASSERT_TRUE(port.ok());
-  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, {"ROGUE_MODE=pre_then_rts"});
-  int status = 0;
-  waitpid(child, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 100 + 1) << "standing grants renewed while the transfer was open";
+  RogueServer server;
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(server.Run({"ROGUE_MODE=pre_then_rts"}), 100 + 1)
+      << "standing grants renewed while the transfer was open";
 }
 
 // Grants fit the writer: no larger than the chunk size the peer's Hello
@@ -299,15 +309,8 @@ TEST(EnginePeers, GrantsFollowThePeersChunkSize) {
   Options o;
   o.chunk_size = 512 << 10;
   o.chunks_in_flight = 1;  // the rogue's 1 MiB is not cut finer to fill more
-  auto se = Engine::Create(o);
-  ASSERT_TRUE(se.ok());
-  std::vector<std::shared_ptr<Connection>> accepted;
-  std::mutex mu;
-  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
-    std::lock_guard<std::mutex> l(mu);
-    accepted.push_back(std::move(c));
-  });
-  ASSERT_TRUE(port.ok());
+  RogueServer server(o);
+  ASSERT_TRUE(server.ok());
   struct Case {
     const char* max_chunk;
     const char* hello_bytes;
@@ -320,13 +323,9 @@ TEST(EnginePeers, GrantsFollowThePeersChunkSize) {
       {"1000", "20", 12},             // under 4 KiB: refused
   };
   for (const Case& c : cases) {
-    pid_t child = Spawn({"--child", "rogue", std::to_string(*port)},
-                        {"ROGUE_MODE=cts_len", std::string("ROGUE_MAX_CHUNK=") + c.max_chunk,
-                         std::string("ROGUE_HELLO_BYTES=") + c.hello_bytes});
-    int status = 0;
-    waitpid(child, &status, 0);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), c.expected)
+    EXPECT_EQ(server.Run({"ROGUE_MODE=cts_len", std::string("ROGUE_MAX_CHUNK=") + c.max_chunk,
+                          std::string("ROGUE_HELLO_BYTES=") + c.hello_bytes}),
+              c.expected)
         << "max_chunk " << c.max_chunk << " in a Hello of " << c.hello_bytes << " bytes";
   }
 }
