@@ -130,7 +130,16 @@ void EngineImpl::WatchLocked(ConnImpl* c) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = reinterpret_cast<uint64_t>(c->cm_id());
-  if (epoll_ctl(target, EPOLL_CTL_ADD, c->channel_fd(), &ev) == 0) c->watch_set = target;
+  if (epoll_ctl(target, EPOLL_CTL_ADD, c->channel_fd(), &ev) == 0) {
+    c->watch_set = target;
+  } else {
+    // Then the connection is looked at only when the poller wakes for
+    // something else (e.g. ELOOP: an application nesting epoll sets deeper).
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      fprintf(stderr, "grpc_rdma: cannot watch a connection's completion channel: %s\n",
+              strerror(errno));
+  }
 }
 
 void EngineImpl::UnwatchLocked(ConnImpl* c) {
@@ -241,6 +250,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   rdma_conn_param p = ConnParam(&mine);
   if (rdma_accept(e->id, &p) != 0) {
     c->CloseLocked(CheckErrno(true, "rdma_accept"), d, false);
+    UnwatchLocked(c.get());
     conns_.erase(e->id);
     d->push_back([c] {});
     return;

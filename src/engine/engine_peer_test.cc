@@ -271,10 +271,10 @@ class RogueServer {
   }
 
  private:
-  std::unique_ptr<Engine> engine_;
   uint16_t port_ = 0;
   std::mutex mu_;
   std::vector<std::shared_ptr<Connection>> accepted_;
+  std::unique_ptr<Engine> engine_;  // last: goes first, before what its callbacks use
 };
 
 // Standing grants follow the peer's Hello: a peer from before the field
