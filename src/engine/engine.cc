@@ -333,12 +333,26 @@ bool EngineImpl::PollAllLocked(Deferred* d) {
 // same event: whoever comes second finds it gone, so nothing here blocks
 // on a source without checking it is readable first.
 bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d) {
+  HandleEventListLocked(evs, n, take_wake, d);
+  // Connect deadlines.
+  uint64_t now = NowMicros();
+  std::vector<std::shared_ptr<ConnImpl>> late;
+  for (auto& [id, c] : conns_)
+    if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
+      late.push_back(c);
+  for (auto& c : late)
+    FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
+  return PollAllLocked(d) || n > 0;
+}
+
+void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_wake,
+                                       Deferred* d) {
   for (int i = 0; i < n; ++i) {
     uint64_t tag = evs[i].data.u64;
     if (tag == kTagShared) {
       epoll_event shared[64];
       int m = epoll_wait(epfd_, shared, 64, 0);
-      if (m > 0) HandleEventsLocked(shared, m, take_wake, d);
+      if (m > 0) HandleEventListLocked(shared, m, take_wake, d);
     } else if (tag == kTagWake) {
       if (!take_wake) continue;  // the poller's: it may be waiting for it
       uint64_t v;
@@ -370,15 +384,6 @@ bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wak
       }
     }
   }
-  // Connect deadlines.
-  uint64_t now = NowMicros();
-  std::vector<std::shared_ptr<ConnImpl>> late;
-  for (auto& [id, c] : conns_)
-    if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
-      late.push_back(c);
-  for (auto& c : late)
-    FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
-  return PollAllLocked(d) || n > 0;
 }
 
 bool EngineImpl::PollNow() {

@@ -205,7 +205,11 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
  private:
   void PollerMain();
   void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
+  // The events, then connect deadlines and every CQ; true when anything
+  // happened. HandleEventListLocked: the events alone (the shared set's
+  // ones nested in the poller's set among them).
   bool HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d);
+  void HandleEventListLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d);
   void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
   void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
   std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);
