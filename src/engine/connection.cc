@@ -273,12 +273,11 @@ bool ConnImpl::PollNow() {
     ibv_cq* cq;
     void* ctx;
     pollfd p{channel_->fd, POLLIN, 0};
-    // Every event queued (the CQ may have been armed again, elsewhere,
-    // before this runs, and gRPC's poller reports the descriptor only on
-    // an edge): the channel is non-blocking. Acked at once (destroying the
-    // CQ waits for it).
-    // (A failed non-blocking get costs more than a poll, over softverbs:
-    // only while the channel says it is readable.)
+    // Every event queued, while the channel says it is readable (a failed
+    // non-blocking get costs more than a poll over softverbs): the CQ may
+    // have been armed again elsewhere before this runs, and gRPC's poller
+    // reports the descriptor only on an edge. Acked at once (destroying
+    // the CQ waits for it).
     unsigned n = 0;
     while (poll(&p, 1, 0) == 1 && ibv_get_cq_event(channel_.get(), &cq, &ctx) == 0) ++n;
     if (n > 0) ibv_ack_cq_events(cq_.get(), n);

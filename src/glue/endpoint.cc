@@ -108,7 +108,8 @@ void EpDestroy(grpc_endpoint* ep) {
   auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
   State* st = e->st.get();
   st->conn->Shutdown(absl::UnavailableError("endpoint destroyed"));
-  if (st->conn_polling != nullptr) Runtime::Get()->StopPollingConnection(st->conn_polling, st->conn.get());
+  if (st->conn_polling != nullptr)
+    Runtime::Get()->StopPollingConnection(st->conn_polling, st->conn.get());
   // Shut down: its counts are final.
   UntrackConnection(st->conn.get(), st->conn->stats());
   GlobalCounters().rdma_open.fetch_sub(1);
