@@ -147,7 +147,8 @@ void ConnImpl::SetPeerLocked(const wire::Hello& h) {
   // peer's TF_RDMA_ACC_SIZE may be larger than both our sizes): anything
   // above goes by rendezvous.
   const Options& o = engine_->options;
-  size_t own = BufferPool::ClassFor(std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
+  size_t own =
+      BufferPool::ClassFor(std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
   eager_limit_ = static_cast<uint32_t>(std::min<size_t>(peer_acc_, own - wire::kHeaderBytes));
   peer_standing_ = std::min<int>(kStandingGrants, h.standing_grants == 0 ? 2 : h.standing_grants);
   peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
