@@ -88,11 +88,15 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
     }
   }
   if (notify) {
-    // The CQ is disarmed: its owner will poll before it arms again, so the
-    // doorbells go back to the agent alone.
+    // The CQ is disarmed. Its wires stay the channel's (its owner polls or
+    // waits on the channel before long, and arms again): giving them back
+    // to the agent and taking them again at the next arm cost eight
+    // epoll_ctl calls per event, 9 of a gRPC server's 20 syscalls per
+    // 64 B call. Meanwhile a doorbell makes the channel readable without
+    // an event; the frames are moved by a waiter on the channel, a poll
+    // of the CQ, the next arm, or the agent before it sleeps.
     for (Qp* qp : cq->qps) {
       if (qp->link == nullptr) continue;
-      LinkUndelegate(qp->link);
       if (qp->scq == cq) LinkSetLazyAcks(qp->link, false);
     }
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);

@@ -443,6 +443,48 @@ TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
   PollN(a_.cq, 3);
 }
 
+// After an event the CQ is disarmed but its wires stay the channel's:
+// messages that come meanwhile are found by a poll of the CQ, or make the
+// channel readable without an event (a non-blocking read says EAGAIN and
+// moves them), and the next arm raises the next event as usual.
+TEST_F(ChannelTest, MessagesWhileDisarmedAreFoundByAPollOrTheChannel) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  int fd = b_.channel->fd;
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  ibv_cq* cq;
+  void* cq_ctx;
+  for (int round = 0; round < 3; ++round) {
+    uint64_t id = 10 * round;
+    ASSERT_EQ(ibv_req_notify_cq(b_.cq, 0), 0);
+    SendOne(src, dst, id + 1);
+    ASSERT_TRUE(Readable(fd, 5000));
+    ASSERT_EQ(ibv_get_cq_event(b_.channel, &cq, &cq_ctx), 0);
+    ibv_ack_cq_events(cq, 1);
+    ASSERT_EQ(PollN(b_.cq, 1).size(), 1u);
+    // Disarmed: two more, nobody waiting; a poll finds them.
+    SendOne(src, dst, id + 2);
+    SendOne(src, dst, id + 3);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::vector<ibv_wc> got = PollN(b_.cq, 2, 5000);
+    ASSERT_EQ(got.size(), 2u) << "round " << round;
+    EXPECT_EQ(got[0].wr_id, id + 2);
+    EXPECT_EQ(got[1].wr_id, id + 3);
+    // One more, found through the channel: readable, no event, moved.
+    SendOne(src, dst, id + 4);
+    for (int i = 0; i < 500 && Readable(fd, 10); ++i) {
+      errno = 0;
+      EXPECT_EQ(ibv_get_cq_event(b_.channel, &cq, &cq_ctx), -1) << "an event while disarmed";
+      EXPECT_EQ(errno, EAGAIN);
+    }
+    got = PollN(b_.cq, 1, 5000);
+    ASSERT_EQ(got.size(), 1u) << "round " << round;
+    EXPECT_EQ(got[0].wr_id, id + 4);
+    EXPECT_FALSE(Readable(fd, 50));
+    PollN(a_.cq, 4);
+  }
+}
+
 TEST_F(ChannelTest, BlockedWaiterCanBeCancelled) {
   struct Arg {
     ibv_comp_channel* ch;
