@@ -201,7 +201,8 @@ void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
 
 void Runtime::UpdateLinkWatch(Link* l) {
   if (epfd_ < 0) return;
-  const uint32_t in = l->delegated_to == nullptr ? static_cast<uint32_t>(EPOLLIN) : 0u;
+  const uint32_t in =
+      l->delegated_to == nullptr || !l->agent_masked ? static_cast<uint32_t>(EPOLLIN) : 0u;
   auto mod = [&](int fd, uint32_t events) {
     auto it = tags_.find(fd);
     if (fd < 0 || it == tags_.end()) return;

@@ -3,8 +3,9 @@
 // A completion channel's fd is pollable, honours O_NONBLOCK and a thread
 // blocked in ibv_get_cq_event can be cancelled, as with the kernel's. It is
 // an epoll set (see CompChannel in sv_internal.h): the event tokens' socket,
-// plus the doorbells of the wires whose completions it reports while a CQ
-// is armed, so the waiting thread is woken by the peer's doorbell itself.
+// plus the doorbells of the wires whose completions it reports, from their
+// CQ's first arm on, so the waiting thread is woken by the peer's doorbell
+// itself (while the CQ is armed the agent does not watch them).
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -35,7 +36,13 @@ bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
 
 // Caller holds Runtime::mu.
 void LinkDelegate(Link* l, CompChannel* ch) {
-  if (l->delegated_to == ch) return;
+  if (l->delegated_to == ch) {
+    if (!l->agent_masked) {  // still in the channel's set: only the agent's watch changes
+      l->agent_masked = true;
+      Runtime::Get().UpdateLinkWatch(l);
+    }
+    return;
+  }
   LinkUndelegate(l);
   epoll_event ev{};
   ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
@@ -45,6 +52,7 @@ void LinkDelegate(Link* l, CompChannel* ch) {
     return;
   }
   l->delegated_to = ch;
+  l->agent_masked = true;
   ch->delegated.push_back(l);
   ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
   Runtime::Get().UpdateLinkWatch(l);
@@ -63,6 +71,7 @@ void LinkUndelegate(Link* l) {
   CompChannel* ch = l->delegated_to;
   if (ch == nullptr) return;
   l->delegated_to = nullptr;
+  l->agent_masked = false;
   if (l->fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
   if (l->db_fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->db_fd, nullptr);
   Runtime::Get().UpdateLinkWatch(l);
@@ -88,16 +97,21 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
     }
   }
   if (notify) {
-    // The CQ is disarmed. Its wires stay the channel's (its owner polls or
-    // waits on the channel before long, and arms again): giving them back
-    // to the agent and taking them again at the next arm cost eight
-    // epoll_ctl calls per event, 9 of a gRPC server's 20 syscalls per
-    // 64 B call. Meanwhile a doorbell makes the channel readable without
-    // an event; the frames are moved by a waiter on the channel, a poll
-    // of the CQ, the next arm, or the agent before it sleeps.
+    // The CQ is disarmed: its owner will poll before it arms again, so the
+    // agent watches the doorbells again (a program that takes an event and
+    // then leaves its QPs alone is served at once, as by an HCA). They
+    // stay in the channel's set too, so the next arm only masks them from
+    // the agent again: two epoll_ctl calls each way instead of four (a
+    // doorbell while disarmed may also wake a thread waiting on the
+    // channel, which then finds no event).
     for (Qp* qp : cq->qps) {
-      if (qp->link == nullptr) continue;
-      if (qp->scq == cq) LinkSetLazyAcks(qp->link, false);
+      Link* l = qp->link;
+      if (l == nullptr) continue;
+      if (l->delegated_to != nullptr && l->agent_masked) {
+        l->agent_masked = false;
+        Runtime::Get().UpdateLinkWatch(l);
+      }
+      if (qp->scq == cq) LinkSetLazyAcks(l, false);
     }
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     if (tls_driving == ch && tls_direct_event == nullptr) {

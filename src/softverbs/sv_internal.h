@@ -105,8 +105,9 @@ struct Link;
 // socketpair (rfd/wfd), one per event; the events themselves (which CQ)
 // wait in `events`, so a CQ's unread events can be taken back when it is
 // destroyed. The fd the application sees, ch.fd, is an epoll set holding
-// rfd and, while one of the channel's CQs is armed, the doorbell sockets of
-// the links of its QPs ("delegated" links): a frame that rings the doorbell
+// rfd and, from the first arm of one of the channel's CQs on, the doorbell
+// sockets of the links of its QPs ("delegated" links; masked from the
+// agent's set only while the CQ is armed): a frame that rings the doorbell
 // then wakes the thread waiting on the channel directly, and that thread
 // moves the frame itself in ibv_get_cq_event, instead of waiting behind the
 // agent thread's own wake-up (the agent still wakes and may get there
@@ -247,6 +248,10 @@ struct Link {
   int connect_error = 0;      // errno of a failed connect()
   bool cm_listener_side = false;
   CompChannel* delegated_to = nullptr;  // see CompChannel
+  // Delegated and its CQ armed: the agent does not watch the doorbell.
+  // Cleared by the CQ's event (the agent watches again; the doorbell stays
+  // in the channel's set), set again by the next arm.
+  bool agent_masked = false;
 };
 
 struct Qp {

@@ -443,10 +443,11 @@ TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
   PollN(a_.cq, 3);
 }
 
-// After an event the CQ is disarmed but its wires stay the channel's:
-// messages that come meanwhile are found by a poll of the CQ, or make the
-// channel readable without an event (a non-blocking read says EAGAIN and
-// moves them), and the next arm raises the next event as usual.
+// After an event the CQ is disarmed; its wires stay in the channel's set
+// and the agent watches them again. Messages that come meanwhile are found
+// by a poll of the CQ, raise no event, and leave the channel readable at
+// most until their doorbell is read (a non-blocking read says EAGAIN); the
+// next arm raises the next event as usual.
 TEST_F(ChannelTest, MessagesWhileDisarmedAreFoundByAPollOrTheChannel) {
   Buffer& src = Buf(a_.pd, 64);
   Buffer& dst = Buf(b_.pd, 64);
