@@ -407,6 +407,12 @@ class ChannelTest : public VerbsTest {
     o.channel = true;
     Open(o, o);
   }
+  // b's channel in non-blocking mode; its fd.
+  int NonBlockingChannel() {
+    int fd = b_.channel->fd;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    return fd;
+  }
   bool Readable(int fd, int ms) {
     pollfd p{fd, POLLIN, 0};
     return poll(&p, 1, ms) == 1;
@@ -420,8 +426,7 @@ class ChannelTest : public VerbsTest {
 TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
   Buffer& src = Buf(a_.pd, 64);
   Buffer& dst = Buf(b_.pd, 64);
-  int fd = b_.channel->fd;
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int fd = NonBlockingChannel();
   ibv_cq* cq;
   void* cq_ctx;
   EXPECT_EQ(ibv_get_cq_event(b_.channel, &cq, &cq_ctx), -1);
@@ -451,8 +456,7 @@ TEST_F(ChannelTest, OneEventPerArmAndNonBlockingRead) {
 TEST_F(ChannelTest, MessagesWhileDisarmedAreFoundByAPollOrTheChannel) {
   Buffer& src = Buf(a_.pd, 64);
   Buffer& dst = Buf(b_.pd, 64);
-  int fd = b_.channel->fd;
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int fd = NonBlockingChannel();
   ibv_cq* cq;
   void* cq_ctx;
   for (int round = 0; round < 3; ++round) {
@@ -560,8 +564,7 @@ TEST_F(ChannelTest, BlockingWaiterGetsEveryMessageSmallAndBulk) {
 TEST_F(ChannelTest, NonBlockingEventLoopNeverBlocksAndMissesNothing) {
   Buffer& src = Buf(a_.pd, 4096);
   Buffer& dst = Buf(b_.pd, 4096);
-  int fd = b_.channel->fd;
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  int fd = NonBlockingChannel();
   const int kMessages = 200;
   int posted = 0;
   for (; posted < 60; ++posted) ASSERT_EQ(PostRecv(b_.qp, dst, 0, 4096, posted), 0);
