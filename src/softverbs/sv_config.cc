@@ -144,11 +144,13 @@ ConfigResult Load() {
   std::string& e = r.error;
   long spin = c.spin_us, ring_kb = static_cast<long>(c.ring_bytes >> 10), shm = 1,
        delay = 0, drop = 0, fail = 0, qp_wr = c.max_qp_wr, cqe = c.max_cqe,
-       sge = c.max_sge, inl = c.max_inline, trace = 0, resolve = c.resolve_us, direct = 1;
+       sge = c.max_sge, inl = c.max_inline, trace = 0, resolve = c.resolve_us, direct = 1,
+       acc_db = 1;
   bool ok = ParseLong("SOFTVERBS_SPIN_US", 0, 1000000, &spin, &e) &&
             ParseLong("SOFTVERBS_RING_KB", 4, 1 << 20, &ring_kb, &e) &&
             ParseLong("SOFTVERBS_SHM", 0, 1, &shm, &e) &&
             ParseLong("SOFTVERBS_DIRECT_WAKE", 0, 1, &direct, &e) &&
+            ParseLong("SOFTVERBS_ACCEPTOR_DOORBELL", 0, 1, &acc_db, &e) &&
             ParseLong("SOFTVERBS_DELAY_US", 0, 10000000, &delay, &e) &&
             ParseLong("SOFTVERBS_DROP_AFTER_OPS", 0, 1L << 40, &drop, &e) &&
             ParseLong("SOFTVERBS_FAIL_WR", 0, 1L << 40, &fail, &e) &&
@@ -172,6 +174,7 @@ ConfigResult Load() {
   c.ring_bytes = static_cast<size_t>(ring_kb) << 10;
   c.use_shm = shm != 0;
   c.direct_wake = direct != 0;
+  c.acceptor_doorbell = acc_db != 0;
   c.delay_us = static_cast<int>(delay);
   c.drop_after_ops = drop;
   c.fail_wr = fail;

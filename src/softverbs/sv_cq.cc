@@ -44,13 +44,12 @@ void LinkDelegate(Link* l, CompChannel* ch) {
     return;
   }
   LinkUndelegate(l);
+  // The doorbell socket, or the TCP socket when the doorbells come through
+  // it. With a doorbell socket the TCP socket stays with the agent alone:
+  // it carries the peer's death, which the agent handles.
   epoll_event ev{};
   ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
-  if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->fd, &ev) != 0) return;
-  if (l->db_fd >= 0 && epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->db_fd, &ev) != 0) {
-    epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
-    return;
-  }
+  if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->db_fd >= 0 ? l->db_fd : l->fd, &ev) != 0) return;
   l->delegated_to = ch;
   l->agent_masked = true;
   ch->delegated.push_back(l);
@@ -72,8 +71,8 @@ void LinkUndelegate(Link* l) {
   if (ch == nullptr) return;
   l->delegated_to = nullptr;
   l->agent_masked = false;
-  if (l->fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->fd, nullptr);
-  if (l->db_fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, l->db_fd, nullptr);
+  int fd = l->db_fd >= 0 ? l->db_fd : l->fd;  // as LinkDelegate chose
+  if (fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, fd, nullptr);
   Runtime::Get().UpdateLinkWatch(l);
   ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
                       ch->delegated.end());

@@ -44,6 +44,7 @@ struct Config {
   size_t ring_bytes = 1 << 20;   // shared-memory ring per direction per QP
   bool use_shm = true;           // same host and netns: shared memory wire
   bool direct_wake = true;       // doorbells wake a channel's waiter (CompChannel)
+  bool acceptor_doorbell = true;  // fault: false = acceptors open no doorbell socket
   int delay_us = 0;              // fault: hold every inbound frame this long
   long drop_after_ops = 0;       // fault: cut a QP's wire after N send WRs
   long fail_wr = 0;              // fault: the Nth send WR of a QP fails
@@ -296,6 +297,9 @@ struct EpollTag {
   // Set by Unwatch (under Runtime::mu): an event still in the agent's batch
   // must not reach obj, which may be gone.
   bool dead = false;
+  // What the agent's epoll set asks of fd now (UpdateLinkWatch skips a
+  // change to the same).
+  uint32_t events = 0;
 };
 
 class Runtime {
@@ -404,8 +408,11 @@ bool LinkHasRxData(Link* l);
 // being received (shared-memory wires; 0 or the frame's rest otherwise).
 uint64_t LinkRxBacklog(Link* l);
 
-// Handshake messages (sv_agent.cc).
-void HandleLinkEvent(Link* l, uint32_t events);
+// Handshake messages (sv_agent.cc). `fired` is the descriptor the event is
+// for (the link's socket or its doorbell socket), or -1 when not known (a
+// thread woken through a completion channel, which sees only that one of
+// the channel's descriptors is ready).
+void HandleLinkEvent(Link* l, uint32_t events, int fired = -1);
 void HandleQpListener(int fd);
 // Connects from `from` (any address when INADDR_ANY) to addr:port.
 int ConnectNonBlocking(in_addr addr, uint16_t port, in_addr from = in_addr{0});

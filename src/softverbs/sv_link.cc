@@ -147,6 +147,10 @@ std::string DoorbellName(uint64_t nonce, char side) {
 // Our doorbell socket for side `side` ('i' initiator, 'a' acceptor); -1
 // when it cannot be had (the TCP socket then carries the doorbells).
 void OpenDoorbell(Link* l, char side) {
+  if (side == 'a' && !GetConfig().acceptor_doorbell) {
+    Trace("doorbell socket: off (SOFTVERBS_ACCEPTOR_DOORBELL=0); doorbells go through TCP");
+    return;
+  }
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return;
   std::string name = DoorbellName(l->shm_nonce, side);

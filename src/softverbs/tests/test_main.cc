@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     // Before any verbs call: softverbs reads its environment once.
     if (strcmp(argv[i], "--softverbs-shm=0") == 0) setenv("SOFTVERBS_SHM", "0", 1);
+    if (strcmp(argv[i], "--softverbs-acceptor-doorbell=0") == 0)
+      setenv("SOFTVERBS_ACCEPTOR_DOORBELL", "0", 1);
   }
   return RUN_ALL_TESTS();
 }

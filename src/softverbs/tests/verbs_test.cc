@@ -558,6 +558,46 @@ TEST_F(ChannelTest, BlockingWaiterGetsEveryMessageSmallAndBulk) {
   }
 }
 
+// A thread asleep on an armed CQ's channel hears of a peer that went away
+// with a send of ours outstanding (the peer's QP destroyed before it posted
+// a receive): the send completes with an error and raises the event. The
+// wire's TCP socket, which carries the peer's going, is watched by the
+// agent alone while the doorbells wake the channel.
+TEST_F(ChannelTest, AWaiterHearsOfAPeerThatWentAway) {
+  Buffer& src = Buf(b_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  // One message both ways first: the wire is up and delegated.
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 1), 0);
+  ASSERT_EQ(ibv_req_notify_cq(b_.cq, 0), 0);
+  Buffer& asrc = Buf(a_.pd, 64);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, asrc, 0, 8, 1), 0);
+  ibv_cq* cq;
+  void* ctx;
+  ASSERT_EQ(ibv_get_cq_event(b_.channel, &cq, &ctx), 0) << strerror(errno);
+  ibv_ack_cq_events(cq, 1);
+  ASSERT_EQ(PollN(b_.cq, 1).size(), 1u);
+  ASSERT_EQ(PollN(a_.cq, 1).size(), 1u);
+
+  // a posts no receive: b's send waits (RNR, retried forever) until a goes.
+  ASSERT_EQ(ibv_req_notify_cq(b_.cq, 0), 0);
+  ASSERT_EQ(PostSend(b_.qp, IBV_WR_SEND, src, 0, 8, 2), 0);
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ibv_destroy_qp(a_.qp);
+  });
+  bool woken = Readable(b_.channel->fd, 5000);
+  killer.join();
+  a_.qp = nullptr;
+  ASSERT_TRUE(woken) << "the waiter did not hear of the gone peer in 5 s";
+  ASSERT_EQ(ibv_get_cq_event(b_.channel, &cq, &ctx), 0) << strerror(errno);
+  ibv_ack_cq_events(cq, 1);
+  auto wc = PollN(b_.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(QpState(b_.qp), IBV_QPS_ERR);
+}
+
 // An event loop's way: the channel non-blocking, poll() first. A readable
 // channel may hold no event yet (the doorbell of a frame that completes
 // nothing armed); ibv_get_cq_event then says EAGAIN instead of blocking.
