@@ -18,6 +18,11 @@
 //            (one unary call per variable, all in flight at once, as
 //            tf_cnn_benchmarks' workers do); steps per second
 //   --seconds X  time per measure (default 1)
+//   --server-pid P  also report the CPU the server process P spent (same
+//                host): rate and stream then give CPU time per call or per
+//                GB for both processes, the emulated RDMA device's threads
+//                (softverbs' agents) apart from the rest
+#include <dirent.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -26,6 +31,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -50,6 +56,7 @@ struct Args {
   int workers = 2;
   int steps = 3;
   double seconds = 1.0;
+  int server_pid = 0;
 };
 
 [[noreturn]] void Die(const std::string& why) {
@@ -71,6 +78,75 @@ std::vector<size_t> ParseSizes(const std::string& s) {
 }
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// CPU time a process has run: all of it from /proc/PID/stat (user and
+// system time, threads that ended included: gRPC's sync server starts and
+// ends threads as load changes), and the emulated RDMA device's part from
+// /proc/PID/task/*/schedstat of softverbs' agent threads (named
+// "softverbs-agent", they live as long as the process): the work an HCA
+// would take off the host's CPUs.
+struct CpuTime {
+  double total_s = 0, device_s = 0;
+  CpuTime operator-(const CpuTime& o) const { return {total_s - o.total_s, device_s - o.device_s}; }
+};
+
+CpuTime CpuOf(int pid) {
+  CpuTime t;
+  std::string proc = "/proc/" + std::to_string(pid);
+  std::ifstream st(proc + "/stat");
+  std::string line;
+  if (!std::getline(st, line)) Die("cannot read " + proc + "/stat: is it running?");
+  // Fields after the command name (which may hold spaces), from field 3 on.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> f; ++i) {
+    if (i == 14) utime = atof(f.c_str());
+    if (i == 15) stime = atof(f.c_str());
+  }
+  t.total_s = (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::string dir = proc + "/task";
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string task = dir + "/" + e->d_name;
+      std::ifstream ss(task + "/schedstat"), cs(task + "/comm");
+      double ns = 0;
+      std::string comm;
+      if (!(ss >> ns) || !std::getline(cs, comm)) continue;  // the thread ended meanwhile
+      if (comm == "softverbs-agent") t.device_s += ns * 1e-9;
+    }
+    closedir(d);
+  }
+  return t;
+}
+
+// Snapshots of this process and the server (when known).
+struct CpuMark {
+  CpuTime self, server;
+};
+
+CpuMark MarkCpu(const Args& a) {
+  CpuMark m;
+  m.self = CpuOf(getpid());
+  if (a.server_pid > 0) m.server = CpuOf(a.server_pid);
+  return m;
+}
+
+// ,"cpu":{...}: CPU seconds per `unit` (a call, a GB) between two marks,
+// client and server, each with the emulated device's part.
+std::string CpuJson(const Args& a, const CpuMark& m0, const CpuMark& m1, double units) {
+  if (!(units > 0)) return "";
+  CpuTime c = m1.self - m0.self, s = m1.server - m0.server;
+  char buf[256];
+  snprintf(buf, sizeof(buf),
+           ",\"cpu_client_us\":%.2f,\"cpu_client_device_us\":%.2f"
+           ",\"cpu_server_us\":%.2f,\"cpu_server_device_us\":%.2f",
+           c.total_s * 1e6 / units, c.device_s * 1e6 / units,
+           a.server_pid > 0 ? s.total_s * 1e6 / units : 0.0,
+           a.server_pid > 0 ? s.device_s * 1e6 / units : 0.0);
+  return buf;
+}
 
 class Bench {
  public:
@@ -126,6 +202,7 @@ class Bench {
     for (size_t n : a_.sizes) {
       Blob b;
       b.set_data(grpc_rdma_test::Pattern(n, 2));
+      double bytes = 0;
       auto once = [&](double secs) {
         grpc::ClientContext ctx;
         Blob resp;
@@ -140,15 +217,24 @@ class Bench {
         w->WritesDone();
         grpc::Status s = w->Finish();
         double t = Seconds(Clock::now() - t0);
-        if (!s.ok() || resp.repeat() != sent) Die("stream " + std::to_string(n) + " B failed");
-        return sent * n / t / 1e6;
+        if (!s.ok()) Die("stream " + std::to_string(n) + " B failed: " + s.error_message());
+        if (resp.repeat() != sent)
+          Die("stream " + std::to_string(n) + " B: the server counted " +
+              std::to_string(resp.repeat()) + " messages of " + std::to_string(sent));
+        bytes = static_cast<double>(sent) * n;
+        return bytes / t / 1e6;
       };
       // Warm-up on the same channel, as long as the measure (at least
       // 0.5 s): HTTP/2 flow-control windows grow with the bandwidth-delay
       // estimate, and streaming over RDMA took about a second to reach its
       // steady rate here (0.34-0.80 GB/s in 1 s runs, 2.2 GB/s over 3 s).
       once(std::max(0.5, a_.seconds));
-      printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f}\n", n, once(a_.seconds));
+      CpuMark m0 = MarkCpu(a_);
+      double mb_per_s = once(a_.seconds);
+      CpuMark m1 = MarkCpu(a_);
+      // CPU per GB moved (microseconds per GB: "_us" as for calls).
+      printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f%s}\n", n, mb_per_s,
+             CpuJson(a_, m0, m1, bytes / 1e9).c_str());
       fflush(stdout);
     }
   }
@@ -171,14 +257,18 @@ class Bench {
       });
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // warm-up
+    CpuMark m0 = MarkCpu(a_);
     counting = true;
     auto t0 = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(a_.seconds));
     counting = false;
     double t = Seconds(Clock::now() - t0);
+    CpuMark m1 = MarkCpu(a_);
+    uint64_t n = calls;
     stop = true;
     for (auto& th : threads) th.join();
-    printf("{\"suite\":\"rate\",\"clients\":%d,\"calls_per_s\":%.0f}\n", a_.clients, calls / t);
+    printf("{\"suite\":\"rate\",\"clients\":%d,\"calls_per_s\":%.0f%s}\n", a_.clients, n / t,
+           CpuJson(a_, m0, m1, static_cast<double>(n)).c_str());
     fflush(stdout);
   }
 
@@ -249,7 +339,8 @@ int Usage() {
           "usage: grpc_bench serve ADDR\n"
           "       grpc_bench run (--target HOST:PORT | --inprocess) "
           "(latency --sizes N,... | stream --sizes N,... | rate [--clients N] |\n"
-          "         ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n");
+          "         ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n"
+          "         [--server-pid P]\n");
   return 2;
 }
 
@@ -274,6 +365,10 @@ int main(int argc, char** argv) {
     else if (k == "--workers") a.workers = std::max(1, atoi(next().c_str()));
     else if (k == "--steps") a.steps = std::max(1, atoi(next().c_str()));
     else if (k == "--seconds") a.seconds = atof(next().c_str());
+    else if (k == "--server-pid") {
+      a.server_pid = atoi(next().c_str());
+      if (a.server_pid <= 0) Die("--server-pid: expected a process id");
+    }
     else if (k[0] != '-' && a.suite.empty()) a.suite = k;
     else return Usage();
   }

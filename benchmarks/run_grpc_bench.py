@@ -10,8 +10,10 @@ machine, interleaved, with warm-up and repetitions:
 
 Server and client are two processes for tcp and rdma; inproc is one. Each
 rdma run proves from the library's stats (TF_RDMA_STATS) that its calls rode
-RDMA. Writes results.json, results.md (the table, with ratios) and PNG plots
-into --out, and prints the table.
+RDMA. The rate and streaming measures also give the CPU time client and
+server spend per call or per GB (the emulated RDMA device's threads apart).
+Writes results.json, results.md (the table, with ratios) and PNG plots into
+--out, and prints the table.
 """
 import argparse
 import json
@@ -63,10 +65,12 @@ class Runner:
             sys.exit(f"run_grpc_bench: the {transport} server did not start")
         return p, int(line.split()[1])
 
-    def client(self, transport, port, suite_args):
+    def client(self, transport, port, suite_args, server_pid=None):
         pre, env = self.prefix(transport, "client")
         target = ["--inprocess"] if transport == "inproc" else ["--target", f"127.0.0.1:{port}"]
         cmd = pre + [self.bench, "run"] + target + suite_args + ["--seconds", str(self.a.seconds)]
+        if server_pid:
+            cmd += ["--server-pid", str(server_pid)]
         r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True, timeout=1800)
         if r.returncode != 0:
@@ -87,12 +91,13 @@ class Runner:
         self.rdma_proof = st
 
     def suites(self):
-        s = [("latency", ["latency", "--sizes", ",".join(map(str, LATENCY_SIZES))]),
-             ("stream", ["stream", "--sizes", ",".join(map(str, STREAM_SIZES))]),
-             ("rate", ["rate", "--clients", str(self.a.clients)]),
-             ("ps resnet50", ["ps", "--model", "resnet50", "--workers", "2", "--steps", "3"])]
-        if not self.a.quick:
-            s.append(("ps vgg16", ["ps", "--model", "vgg16", "--workers", "2", "--steps", "2"]))
+        s = [("latency", ["latency", "--sizes", ",".join(map(str, self.a.latency_sizes))]),
+             ("stream", ["stream", "--sizes", ",".join(map(str, self.a.stream_sizes))]),
+             ("rate", ["rate", "--clients", str(self.a.clients)])]
+        if not self.a.no_ps:
+            s.append(("ps resnet50", ["ps", "--model", "resnet50", "--workers", "2", "--steps", "3"]))
+            if not self.a.quick:
+                s.append(("ps vgg16", ["ps", "--model", "vgg16", "--workers", "2", "--steps", "2"]))
         return s
 
     def run(self):
@@ -108,7 +113,8 @@ class Runner:
                     for name, args in self.suites():
                         t0 = time.time()
                         log(f"[{k}/{total}] rep {rep + 1} {t:6s} {name} ...")
-                        results[t] += [dict(r, rep=rep) for r in self.client(t, port, args)]
+                        results[t] += [dict(r, rep=rep) for r in
+                                       self.client(t, port, args, server.pid if server else None)]
                         log(f"[{k}/{total}] rep {rep + 1} {t:6s} {name} done in "
                             f"{time.time() - t0:.1f} s (total {time.time() - t_start:.0f} s)")
                 finally:
@@ -130,13 +136,13 @@ def human(n):
     return f"{n} B"
 
 
-def summarize(results, clients):
+def summarize(results, clients, latency_sizes=LATENCY_SIZES, stream_sizes=STREAM_SIZES):
     rows = {"latency": [], "stream": [], "rate": [], "ps": []}
-    for n in LATENCY_SIZES:
+    for n in latency_sizes:
         m = {t: {f: median_of(results[t], "latency", {"size": n}, f) for f in ("p50_us", "p99_us")}
              for t in TRANSPORTS}
         rows["latency"].append({"size": n, **{f"{t}_{f}": m[t][f] for t in TRANSPORTS for f in m[t]}})
-    for n in STREAM_SIZES:
+    for n in stream_sizes:
         rows["stream"].append({"size": n, **{f"{t}_mb_per_s": median_of(results[t], "stream", {"size": n}, "mb_per_s")
                                                for t in TRANSPORTS}})
     rows["rate"].append({"clients": clients, **{f"{t}_calls_per_s": median_of(results[t], "rate", {}, "calls_per_s")
@@ -145,7 +151,35 @@ def summarize(results, clients):
         v = {t: median_of(results[t], "ps", {"model": model}, "steps_per_s") for t in TRANSPORTS}
         if v["tcp"] is not None:
             rows["ps"].append({"model": model, **{f"{t}_steps_per_s": v[t] for t in TRANSPORTS}})
+    rows["cpu"] = summarize_cpu(results, clients, stream_sizes)
     return rows
+
+
+def cpu_of(rows, suite, key):
+    """Median over repetitions of CPU per unit (client + server), and of
+    the emulated device's part of it; None when not measured."""
+    tot, dev = [], []
+    for r in rows:
+        if r["suite"] != suite or any(r.get(k) != v for k, v in key.items()) or "cpu_client_us" not in r:
+            continue
+        tot.append(r["cpu_client_us"] + r["cpu_server_us"])
+        dev.append(r["cpu_client_device_us"] + r["cpu_server_device_us"])
+    if not tot:
+        return None, None
+    return statistics.median(tot), statistics.median(dev)
+
+
+def summarize_cpu(results, clients, stream_sizes):
+    out = []
+    for suite, key, what, scale in [("rate", {}, f"64 B unary call, {clients} clients: CPU us per call", 1.0)] + [
+            ("stream", {"size": n}, f"streaming {human(n)} messages: CPU s per GB", 1e-6) for n in stream_sizes]:
+        row = {"what": what}
+        for t in TRANSPORTS:
+            tot, dev = cpu_of(results[t], suite, key)
+            row[f"{t}_cpu"] = tot * scale if tot is not None else None
+            row[f"{t}_cpu_device"] = dev * scale if dev is not None else None
+        out.append(row)
+    return out
 
 
 def ratio(a, b):
@@ -173,6 +207,18 @@ def table(rows, reps):
         out.append(f"| parameter server, {r['model']}, 2 workers: steps/s | {r['tcp_steps_per_s']:.3f} | "
                    f"{r['rdma_steps_per_s']:.3f} | {r['inproc_steps_per_s']:.3f} | "
                    f"{ratio(r['rdma_steps_per_s'], r['tcp_steps_per_s'])} |")
+    if rows.get("cpu"):
+        def f(v):
+            return "-" if v is None else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
+        out += ["", "CPU time of client and server together per unit of work (RDMA: the emulated "
+                "device's threads, which an HCA would take off the CPUs, also shown apart; "
+                "RDMA host = RDMA without them).", "",
+                "| work | TCP | RDMA | of it the emulated device | RDMA host | in-proc | RDMA host/TCP |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in rows["cpu"]:
+            host = None if r["rdma_cpu"] is None else r["rdma_cpu"] - (r["rdma_cpu_device"] or 0)
+            out.append(f"| {r['what']} | {f(r['tcp_cpu'])} | {f(r['rdma_cpu'])} | {f(r['rdma_cpu_device'])} | "
+                       f"{f(host)} | {f(r['inproc_cpu'])} | {ratio(host, r['tcp_cpu'])} |")
     return "\n".join(out) + "\n"
 
 
@@ -224,6 +270,20 @@ def main():
     ap.add_argument("--seconds", type=float, default=0.5, help="time per measure (default 0.5)")
     ap.add_argument("--clients", type=int, default=4, help="clients of the rate measure (default 4)")
     ap.add_argument("--quick", action="store_true", help="leave out the VGG-16 workload")
+    ap.add_argument("--no-ps", action="store_true", help="leave out the parameter-server workloads")
+
+    def sizes(text):
+        try:
+            v = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of byte counts")
+        if not v or min(v) < 1:
+            raise argparse.ArgumentTypeError(f"'{text}': sizes must be at least 1 byte")
+        return v
+    ap.add_argument("--latency-sizes", type=sizes, default=LATENCY_SIZES,
+                    help="unary payloads in bytes (default: %(default)s)")
+    ap.add_argument("--stream-sizes", type=sizes, default=STREAM_SIZES,
+                    help="streaming message sizes in bytes (default: %(default)s)")
     a = ap.parse_args()
     if a.reps < 1 or a.seconds <= 0:
         ap.error("--reps must be at least 1 and --seconds above 0")
@@ -231,7 +291,7 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     r = Runner(a)
     results = r.run()
-    rows = summarize(results, a.clients)
+    rows = summarize(results, a.clients, a.latency_sizes, a.stream_sizes)
     md = table(rows, a.reps)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"raw": results, "summary": rows, "rdma_proof": getattr(r, "rdma_proof", None),
