@@ -374,14 +374,7 @@ void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_
       }
     } else {
       auto c = Find(reinterpret_cast<rdma_cm_id*>(tag));
-      if (c && c->channel_fd() >= 0) {
-        ibv_cq* cq;
-        void* ctx;
-        pollfd p{c->channel_fd(), POLLIN, 0};
-        // One event per arm; ack at once (destroying a CQ waits for it).
-        if (poll(&p, 1, 0) == 1 && ibv_get_cq_event(c->channel(), &cq, &ctx) == 0)
-          ibv_ack_cq_events(cq, 1);
-      }
+      if (c) c->TakeEventsLocked();
     }
   }
 }

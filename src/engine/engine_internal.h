@@ -51,6 +51,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void UpLocked();
   int HandleCqLocked(Deferred* d);              // polls the CQ dry; completions seen
   void ArmCqLocked();
+  // Takes and acks the completion channel's events (non-blocking): how
+  // many.
+  unsigned TakeEventsLocked();
   // Re-arms for every completion when something now waits for our own send
   // completions but the CQ is armed for solicited ones only (Write or
   // Shutdown on an application thread), and looks at the CQ once.
@@ -136,6 +139,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   int peer_standing_ = 0;  // standing grants the peer accepts (its Hello)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
   bool armed_solicited_ = false;  // the CQ's last arm was solicited-only
+  // ibv_req_notify_cq calls since an event was last taken: each raises at
+  // most one event, so after one is taken another can be queued only if
+  // the CQ was armed more than once in between.
+  int arms_since_take_ = 0;
   int peer_depth_ = 0;
   uint32_t grant_limit_ = 0;  // our largest grant: both chunk sizes' minimum
   int peer_credits_ = 0;

@@ -122,9 +122,15 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
       ch->events.push_back(&cq->cq);
     }
     char token = 1;
-    if (send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1)
-      Warn("completion channel %d: %zu events unread, event token dropped", ch->ch.fd,
-           ch->events.size());
+    if (send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL) != 1) {
+      size_t unread;
+      {
+        std::lock_guard<std::mutex> g(ch->mu);
+        --ch->surplus;  // an event without its token
+        unread = ch->events.size();
+      }
+      Warn("completion channel %d: %zu events unread, event token dropped", ch->ch.fd, unread);
+    }
   }
 }
 
@@ -213,15 +219,25 @@ void PurgeChannel(CompChannel* ch, ibv_cq* gone) {
   }
   for (char token; removed > 0; --removed)
     if (recv(ch->rfd, &token, 1, MSG_DONTWAIT) != 1) break;
+  ch->surplus += static_cast<long>(removed);  // the tokens not there (yet)
 }
 
 // Takes one event whose token is there; false when none is.
 bool TakeEvent(CompChannel* ch, ibv_cq** cq, void** cq_context) {
   for (;;) {
+    {
+      // Nothing queued and no token left over: no recv (a non-blocking
+      // get that finds no event cost one per message).
+      std::lock_guard<std::mutex> g(ch->mu);
+      if (ch->events.empty() && ch->surplus <= 0) return false;
+    }
     char token;
     if (recv(ch->rfd, &token, 1, MSG_DONTWAIT) != 1) return false;
     std::lock_guard<std::mutex> g(ch->mu);
-    if (ch->events.empty()) continue;  // its CQ was destroyed meanwhile
+    if (ch->events.empty()) {  // its CQ was destroyed meanwhile
+      --ch->surplus;
+      continue;
+    }
     ibv_cq* p = ch->events.front();
     ch->events.pop_front();
     ToCq(p)->events_read.fetch_add(1);  // under mu: destroy_cq sees it

@@ -118,6 +118,10 @@ struct CompChannel {
   int rfd = -1, wfd = -1;
   std::mutex mu;
   std::deque<ibv_cq*> events;  // guarded by mu
+  // Tokens in the socket (or on their way) beyond the queued events: left
+  // by a purge that could not take a token not yet sent. Readers look at
+  // the socket only when this or the queue says a token may be there.
+  long surplus = 0;  // guarded by mu
   std::vector<Link*> delegated;  // guarded by Runtime::mu
   std::atomic<int> n_delegated{0};  // its size, to look without the lock
 };
