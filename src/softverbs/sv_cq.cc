@@ -247,11 +247,15 @@ bool TakeEvent(CompChannel* ch, ibv_cq** cq, void** cq_context) {
   }
 }
 
-// Above this many bytes on their way in, the waiter hands the wire back to
-// the agent rather than copy them itself: the agent then moves the payload
-// while the application's thread goes on with what it already has (two
-// cores at work on a bulk transfer instead of one).
+// A waiter moves frames of a wire's backlog itself until it has moved
+// kWaiterMovesAtMost bytes, none with a payload above kWaiterFrameAtMost
+// (a mid-size message that a unary call waits for is copied on the thread
+// that then handles it, without waking the agent), and hands the rest of
+// the wire to the agent, which moves it while the application's thread
+// goes on with what it already has (two cores at work on a stream or a
+// bulk transfer instead of one).
 constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
+constexpr uint64_t kWaiterFrameAtMost = 256 * 1024;
 
 // Moves what the delegated wires brought (their doorbells woke us): the
 // completions it makes raise this channel's events as usual.
@@ -268,11 +272,15 @@ ibv_cq* DriveDelegated(CompChannel* ch) {
   std::vector<Link*> links = ch->delegated;  // handling may undelegate
   for (Link* l : links) {
     if (l->delegated_to != ch) continue;
-    if (LinkRxBacklog(l) > kWaiterMovesAtMost) {
-      LinkUndelegate(l);  // the agent hears the doorbell (still unread) now
-      continue;
-    }
+    l->rx_budget = kWaiterMovesAtMost;
+    l->rx_frame_max = kWaiterFrameAtMost;
     HandleLinkEvent(l, EPOLLIN);
+    l->rx_budget = l->rx_frame_max = UINT64_MAX;
+    if (l->delegated_to == ch && LinkHasRxData(l)) {
+      // More frames in the ring (their doorbells are read): the agent's.
+      LinkUndelegate(l);
+      rt.Wake();
+    }
   }
   tls_driving = nullptr;
   ibv_cq* direct = tls_direct_event;

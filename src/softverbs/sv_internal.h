@@ -238,6 +238,12 @@ struct Link {
   size_t in_idx = 0, in_off = 0;
   bool in_discard = false;
   uint64_t in_seen_us = 0;        // fault knob: delay
+  // LinkReceive starts no new frame once it has taken rx_budget bytes in
+  // one pass, and begins none with a payload above rx_frame_max (a
+  // completion-channel waiter moves one mid-size message itself and
+  // leaves a stream's next ones, and bulk, to the agent).
+  uint64_t rx_budget = UINT64_MAX;
+  uint64_t rx_frame_max = UINT64_MAX;
   uint64_t rnr_deadline_us = 0;   // waiting for a posted receive
   bool rx_dead = false;           // after a fatal NAK, drop what follows
   RecvWr in_recv;                 // receive consumed by the frame in progress
@@ -408,9 +414,6 @@ void LinkForgetPolls(Link* l);  // the consumer stopped polling (armed its CQ)
 void LinkSetLazyAcks(Link* l, bool lazy);
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
-// Bytes on their way in: in the shared ring, or still to come of the frame
-// being received (shared-memory wires; 0 or the frame's rest otherwise).
-uint64_t LinkRxBacklog(Link* l);
 
 // Handshake messages (sv_agent.cc). `fired` is the descriptor the event is
 // for (the link's socket or its doorbell socket), or -1 when not known (a

@@ -353,13 +353,6 @@ bool LinkHasRxData(Link* l) {
          l->rx->tail.load(std::memory_order_relaxed);
 }
 
-uint64_t LinkRxBacklog(Link* l) {
-  uint64_t n = l->in_payload ? l->in_left : 0;
-  if (l->rx == nullptr || l->state != LinkState::kUp) return n;
-  return n + (l->rx->head.load(std::memory_order_acquire) -
-              l->rx->tail.load(std::memory_order_relaxed));
-}
-
 void LinkEnqueue(Link* l, OutFrame f) { l->out.push_back(std::move(f)); }
 
 namespace {
@@ -473,8 +466,10 @@ bool LinkPump(Link* l) {
 bool LinkReceive(Link* l) {
   bool moved = false;
   bool freed = false;  // consumed ring space: the producer may be waiting
+  uint64_t taken = 0;
   while (l->state == LinkState::kUp) {
     if (!l->in_payload) {
+      if (l->in_hdr_got == 0 && taken >= l->rx_budget) break;
       ssize_t r = LinkRead(l, reinterpret_cast<char*>(&l->in_hdr) + l->in_hdr_got,
                            sizeof(FrameHdr) - l->in_hdr_got);
       if (r < 0) {
@@ -483,12 +478,14 @@ bool LinkReceive(Link* l) {
         return true;
       }
       if (r > 0) moved = freed = true;
+      taken += static_cast<uint64_t>(r);
       l->in_hdr_got += static_cast<size_t>(r);
       if (l->in_hdr_got < sizeof(FrameHdr)) break;
       l->in_payload = true;
       l->in_begun = false;
       l->in_seen_us = NowUs();
     }
+    if (!l->in_begun && l->in_hdr.len > l->rx_frame_max) break;
     if (!l->in_begun) {
       int delay = GetConfig().delay_us;
       if (delay > 0 && NowUs() < l->in_seen_us + static_cast<uint64_t>(delay)) break;
@@ -525,6 +522,7 @@ bool LinkReceive(Link* l) {
       }
       if (r == 0) break;
       moved = freed = true;
+      taken += static_cast<uint64_t>(r);
       l->in_left -= static_cast<uint64_t>(r);
       if (!l->in_discard) l->in_off += static_cast<size_t>(r);
     }
