@@ -79,6 +79,7 @@ ConnImpl::ConnImpl(std::shared_ptr<EngineImpl> engine, CmId id, bool passive)
     : engine_(std::move(engine)), passive_(passive), id_(std::move(id)) {}
 
 ConnImpl::~ConnImpl() {
+  if (waiting_budget_) engine_->buffer_waiters.fetch_sub(1);
   // The QP goes before the buffers it may still point at, and the CQ's
   // events are all acked as they are taken (TakeEventsLocked).
   qp_.reset();
@@ -390,6 +391,19 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
     // Backpressure: the poller runs this connection again when pinned
     // memory comes back. One waiter at a time, for the size Get reserves.
     waiting_budget_ = true;
+    // Counted, then one more try: a buffer a reader gave back just before
+    // the count went up (and so woke nobody) is found now.
+    engine_->buffer_waiters.fetch_add(1);
+    b = pool.Get(size);
+    if (!b.ok()) {
+      CloseLocked(b.status(), d, true);
+      return nullptr;
+    }
+    if (*b != nullptr) {
+      waiting_budget_ = false;
+      engine_->buffer_waiters.fetch_sub(1);
+      return *b;
+    }
     engine_->budget.NotifyWhenAvailable(
         BufferPool::ClassFor(size), [w = std::weak_ptr<ConnImpl>(weak_from_this())] {
           if (auto c = w.lock()) {
@@ -517,7 +531,10 @@ bool ConnImpl::WritePreGrantedLocked(Deferred* d) {
 }
 
 void ConnImpl::PumpLocked(Deferred* d) {
-  if (budget_woken_.exchange(false)) waiting_budget_ = false;
+  if (budget_woken_.exchange(false) && waiting_budget_) {
+    waiting_budget_ = false;
+    engine_->buffer_waiters.fetch_sub(1);
+  }
   // Credit rule: one of the peer's receives stays for credit updates, so
   // the two sides can never both wait for credits.
   for (;;) {
@@ -745,13 +762,15 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     PinnedBuffer* buf = land.buf;
     std::shared_ptr<BufferPool> pool = remote_pool_;
     std::shared_ptr<EngineImpl> eng = engine_;  // the pool's budget lives there
-    // Back to the pool (thread-safe), and wake the poller: a transfer may
-    // be waiting for a buffer to grant. Captures are destroyed in reverse
-    // order: `eng` is listed first so the pool (whose destructor releases
-    // into the engine's budget) always goes before the engine.
+    // Back to the pool (thread-safe), and wake the poller if a connection
+    // waits for pinned memory (a wake-up per chunk otherwise: the poller
+    // thread ran once per mid-size gRPC call, a thread switch each).
+    // Captures are destroyed in reverse order: `eng` is listed first so
+    // the pool (whose destructor releases into the engine's budget) always
+    // goes before the engine.
     ready_.push_back(RecvChunk::Lent(land.buf->data, land.len, [eng, pool, buf] {
       pool->Put(buf);
-      eng->Wake();
+      if (eng->buffer_waiters.load() > 0) eng->Wake();
     }));
     ++stats_.chunks_zero_copy;
   }

@@ -191,6 +191,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::atomic<bool> external_polling{false};
   std::atomic<uint64_t> last_host_poll_us{0};
   std::atomic<uint64_t> host_polls{0};  // PollNow calls that found work
+  // Connections waiting for pinned memory (waiting_budget_): a buffer the
+  // reader gives back wakes the poller only while there are any.
+  std::atomic<int> buffer_waiters{0};
   static constexpr int kExternalGraceUs = 250;
   static constexpr uint64_t kHostActiveUs = 100000;
   static constexpr uint64_t kBackupUs = 20000;
