@@ -113,6 +113,7 @@ EngineImpl::~EngineImpl() {
 }
 
 void EngineImpl::Wake() {
+  wakeups.fetch_add(1, std::memory_order_relaxed);
   uint64_t one = 1;
   (void)!write(wake_fd_, &one, sizeof(one));
 }
@@ -501,5 +502,6 @@ void Engine::SetExternalPolling(bool on) {
 const Options& Engine::options() const { return impl_->options; }
 
 uint64_t Engine::pinned_bytes() const { return impl_->budget.used(); }
+uint64_t Engine::poller_wakeups() const { return impl_->wakeups.load(); }
 
 }  // namespace grpc_rdma

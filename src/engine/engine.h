@@ -157,6 +157,7 @@ class Engine {
 
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections
+  uint64_t poller_wakeups() const;  // times something woke the poller thread
 
  private:
   explicit Engine(std::shared_ptr<EngineImpl> impl);
