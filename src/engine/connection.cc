@@ -202,7 +202,7 @@ void ConnImpl::ArmCqLocked() {
   // with every message.
   armed_solicited_ = !SendsAwaitedLocked() && peer_solicits_;
   ibv_req_notify_cq(cq_.get(), armed_solicited_ ? 1 : 0);
-  ++arms_since_take_;
+  if (arms_since_take_ < 2) ++arms_since_take_;  // "more than once" is all it tells
 }
 
 unsigned ConnImpl::TakeEventsLocked() {
@@ -395,14 +395,12 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
     // the count went up (and so woke nobody) is found now.
     engine_->buffer_waiters.fetch_add(1);
     b = pool.Get(size);
-    if (!b.ok()) {
-      CloseLocked(b.status(), d, true);
-      return nullptr;
-    }
-    if (*b != nullptr) {
+    if (!b.ok() || *b != nullptr) {
       waiting_budget_ = false;
       engine_->buffer_waiters.fetch_sub(1);
-      return *b;
+      if (b.ok()) return *b;
+      CloseLocked(b.status(), d, true);
+      return nullptr;
     }
     engine_->budget.NotifyWhenAvailable(
         BufferPool::ClassFor(size), [w = std::weak_ptr<ConnImpl>(weak_from_this())] {

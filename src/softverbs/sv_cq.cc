@@ -232,9 +232,15 @@ bool TakeEvent(CompChannel* ch, ibv_cq** cq, void** cq_context) {
       if (ch->events.empty() && ch->surplus <= 0) return false;
     }
     char token;
-    if (recv(ch->rfd, &token, 1, MSG_DONTWAIT) != 1) return false;
+    bool got = recv(ch->rfd, &token, 1, MSG_DONTWAIT) == 1;
     std::lock_guard<std::mutex> g(ch->mu);
-    if (ch->events.empty()) {  // its CQ was destroyed meanwhile
+    if (!got) {
+      // An event whose token could not be sent (surplus < 0) is taken
+      // without one; otherwise the token is on its way, or another
+      // reader took it.
+      if (ch->events.empty() || ch->surplus >= 0) return false;
+      ++ch->surplus;
+    } else if (ch->events.empty()) {  // its CQ was destroyed meanwhile
       --ch->surplus;
       continue;
     }
@@ -259,15 +265,15 @@ constexpr uint64_t kWaiterFrameAtMost = 256 * 1024;
 
 // Moves what the delegated wires brought (their doorbells woke us): the
 // completions it makes raise this channel's events as usual.
-// Returns the first event it raised, if any (handed to the caller, not
-// queued: see tls_driving).
-ibv_cq* DriveDelegated(CompChannel* ch) {
+// With `direct`, returns the first event it raised, if any (handed to the
+// caller, not queued: see tls_driving); without, every event is queued.
+ibv_cq* DriveDelegated(CompChannel* ch, bool direct) {
   // Nothing delegated (a wire delegated a moment from now rings again):
   // no need for the runtime's lock.
   if (ch->n_delegated.load(std::memory_order_relaxed) == 0) return nullptr;
   Runtime& rt = Runtime::Get();
   std::lock_guard<std::mutex> g(rt.mu);
-  tls_driving = ch;
+  tls_driving = direct ? ch : nullptr;
   tls_direct_event = nullptr;
   std::vector<Link*> links = ch->delegated;  // handling may undelegate
   for (Link* l : links) {
@@ -276,20 +282,21 @@ ibv_cq* DriveDelegated(CompChannel* ch) {
     l->rx_frame_max = kWaiterFrameAtMost;
     HandleLinkEvent(l, EPOLLIN);
     l->rx_budget = l->rx_frame_max = UINT64_MAX;
-    if (l->delegated_to == ch && LinkHasRxData(l)) {
-      // More frames in the ring (their doorbells are read): the agent's.
+    if (l->delegated_to == ch && (LinkHasRxData(l) || (l->in_payload && !l->in_begun))) {
+      // More frames in the ring (their doorbells are read), or a frame
+      // left to the agent whose payload is still to come: the agent's.
       LinkUndelegate(l);
       rt.Wake();
     }
   }
   tls_driving = nullptr;
-  ibv_cq* direct = tls_direct_event;
+  ibv_cq* first = tls_direct_event;
   tls_direct_event = nullptr;
   // Counted as read under rt.mu, as TakeEvent does under the channel's
   // lock: ibv_destroy_cq (which needs the CQ's QPs gone, under rt.mu) then
   // waits for its ack.
-  if (direct != nullptr) ToCq(direct)->events_read.fetch_add(1);
-  return direct;
+  if (first != nullptr) ToCq(first)->events_read.fetch_add(1);
+  return first;
 }
 
 }  // namespace
@@ -399,8 +406,15 @@ int ibv_destroy_cq(ibv_cq* ibcq) {
 int ibv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
   auto* ch = reinterpret_cast<CompChannel*>(channel);
   for (;;) {
-    if (TakeEvent(ch, cq, cq_context)) return 0;
-    if (ibv_cq* direct = DriveDelegated(ch)) {
+    if (TakeEvent(ch, cq, cq_context)) {
+      // The channel became readable for this event's token and perhaps
+      // for a delegated wire's doorbell too, on one edge: move what the
+      // wires brought now (what it raises is queued, with its token), or
+      // a caller that waits for the next edge would not hear of it.
+      DriveDelegated(ch, /*direct=*/false);
+      return 0;
+    }
+    if (ibv_cq* direct = DriveDelegated(ch, /*direct=*/true)) {
       *cq = direct;
       *cq_context = direct->cq_context;
       return 0;
