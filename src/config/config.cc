@@ -1,5 +1,6 @@
 #include "config/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <limits>
@@ -158,23 +159,55 @@ class Parser {
   std::vector<std::string> problems_;
 };
 
-void Relations(const Options& o, Parser* p) {
-  if (o.acc_size > o.chunk_size) {
-    p->Add(absl::StrCat("TF_RDMA_ACC_SIZE (", FormatBytes(o.acc_size),
-                        ") is larger than TF_RDMA_CHUNK_SIZE (", FormatBytes(o.chunk_size),
+// The relations between fields, checked on what the engine runs with
+// (`e`, acc_size with the framing room); `framing` is that room (0 when
+// the options came to the engine as they are), so that the messages name
+// what the user set.
+void Relations(const Options& e, uint64_t framing, Parser* p) {
+  const uint64_t user_acc = e.acc_size - std::min(framing, e.acc_size);
+  const std::string acc_words =
+      framing == 0 ? absl::StrCat("TF_RDMA_ACC_SIZE ", FormatBytes(e.acc_size))
+                   : absl::StrCat("(TF_RDMA_ACC_SIZE ", FormatBytes(user_acc), " + ",
+                                  FormatBytes(framing), " of framing room)");
+  if (user_acc > e.chunk_size) {
+    p->Add(absl::StrCat("TF_RDMA_ACC_SIZE (", FormatBytes(user_acc),
+                        ") is larger than TF_RDMA_CHUNK_SIZE (", FormatBytes(e.chunk_size),
                         "): small payloads are coalesced up to ACC_SIZE and large ones cut into "
                         "CHUNK_SIZE pieces, so ACC_SIZE must not exceed CHUNK_SIZE"));
   }
-  uint64_t need = static_cast<uint64_t>(o.chunks_in_flight) * o.chunk_size +
-                  2ull * static_cast<uint64_t>(o.eager_depth) * o.acc_size;
-  if (o.buf_size < need) {
-    p->Add(absl::StrCat("TF_RDMA_BUF_SIZE (", FormatBytes(o.buf_size),
+  uint64_t need = static_cast<uint64_t>(e.chunks_in_flight) * e.chunk_size +
+                  2ull * static_cast<uint64_t>(e.eager_depth) * e.acc_size;
+  if (e.buf_size < need) {
+    p->Add(absl::StrCat("TF_RDMA_BUF_SIZE (", FormatBytes(e.buf_size),
                         ") is too small: one connection needs ", FormatBytes(need), " (",
-                        o.chunks_in_flight, " chunks in flight x TF_RDMA_CHUNK_SIZE ",
-                        FormatBytes(o.chunk_size), " + 2 x ", o.eager_depth,
-                        " eager buffers x TF_RDMA_ACC_SIZE ", FormatBytes(o.acc_size),
-                        "); raise it or lower the others"));
+                        e.chunks_in_flight, " chunks in flight x TF_RDMA_CHUNK_SIZE ",
+                        FormatBytes(e.chunk_size), " + 2 x ", e.eager_depth,
+                        " eager buffers x ", acc_words, "); raise it or lower the others"));
   }
+}
+
+// The ranges of the fields (each field is also a variable, parsed with the
+// same bounds); `max_acc` is the engine's or the user's.
+void Ranges(const Options& o, uint64_t max_acc, Parser* p) {
+  auto range = [&](const char* what, uint64_t v, uint64_t lo, uint64_t hi) {
+    if (v < lo || v > hi)
+      p->Add(absl::StrCat(what, " is ", v, ": allowed from ", lo, " to ", hi));
+  };
+  range("chunk_size", o.chunk_size, kMinChunk, kMaxChunk);
+  range("acc_size", o.acc_size, kMinAcc, max_acc);
+  range("buf_size", o.buf_size, 1, kMaxBuf);
+  range("chunks_in_flight", static_cast<uint64_t>(o.chunks_in_flight), 1, 64);
+  range("eager_depth", static_cast<uint64_t>(o.eager_depth), 3, 4096);
+  range("spin_us", static_cast<uint64_t>(o.spin_us), 0, 1000000);
+  range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
+  range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
+}
+
+Options WithFraming(const Options& o, uint64_t* framing) {
+  Options e = o;
+  e.acc_size = std::min(o.acc_size + kFramingRoom, std::max(o.chunk_size, o.acc_size));
+  *framing = e.acc_size - o.acc_size;
+  return e;
 }
 
 }  // namespace
@@ -210,7 +243,9 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   p.Destination("TF_RDMA_STATS", &o.stats_dump);
   absl::Status s = p.Result();
   if (!s.ok()) return s;  // relations between bad values would only add noise
-  Relations(o, &p);
+  uint64_t framing = 0;
+  const Options e = WithFraming(o, &framing);
+  Relations(e, framing, &p);
   s = p.Result();
   if (!s.ok()) return s;
   return o;
@@ -220,21 +255,26 @@ absl::StatusOr<Options> OptionsFromEnvironment() { return ParseOptions(ProcessEn
 
 absl::Status ValidateOptions(const Options& o) {
   Parser p([](const char*) { return std::optional<std::string>(); });
-  auto range = [&](const char* what, uint64_t v, uint64_t lo, uint64_t hi) {
-    if (v < lo || v > hi)
-      p.Add(absl::StrCat(what, " is ", v, ": allowed from ", lo, " to ", hi));
-  };
-  range("chunk_size", o.chunk_size, kMinChunk, kMaxChunk);
-  range("acc_size", o.acc_size, kMinAcc, kMaxAcc);
-  range("buf_size", o.buf_size, 1, kMaxBuf);
-  range("chunks_in_flight", static_cast<uint64_t>(o.chunks_in_flight), 1, 64);
-  range("eager_depth", static_cast<uint64_t>(o.eager_depth), 3, 4096);
-  range("spin_us", static_cast<uint64_t>(o.spin_us), 0, 1000000);
-  range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
-  range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
+  Ranges(o, kMaxAcc, &p);
   absl::Status s = p.Result();
   if (!s.ok()) return s;
-  Relations(o, &p);
+  uint64_t framing = 0;
+  const Options e = WithFraming(o, &framing);
+  Relations(e, framing, &p);
+  return p.Result();
+}
+
+Options EngineOptions(const Options& o) {
+  uint64_t framing = 0;
+  return WithFraming(o, &framing);
+}
+
+absl::Status ValidateEngineOptions(const Options& e) {
+  Parser p([](const char*) { return std::optional<std::string>(); });
+  Ranges(e, kMaxEngineAccSize, &p);
+  absl::Status s = p.Result();
+  if (!s.ok()) return s;
+  Relations(e, 0, &p);
   return p.Result();
 }
 

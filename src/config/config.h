@@ -29,9 +29,32 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup);
 // ParseOptions(ProcessEnvironment()).
 absl::StatusOr<Options> OptionsFromEnvironment();
 
-// Checks the relations between fields (ACC_SIZE <= CHUNK_SIZE, the pool
-// holds the chunks in flight, ...), for Options an application filled in.
+// Checks the ranges and the relations between fields (ACC_SIZE <=
+// CHUNK_SIZE, the pool holds one connection's chunks in flight and eager
+// buffers, ...), for Options an application filled in. The relations are
+// checked on EngineOptions(o), what the engine will run with, so Options
+// that pass here also pass the engine's own check (ValidateEngineOptions):
+// a setting is refused here, with the variable named, or it works.
 absl::Status ValidateOptions(const Options& o);
+
+// TF_RDMA_ACC_SIZE is about message payloads: a gRPC message of ACC_SIZE
+// bytes must go eagerly. On the stream it comes with gRPC's and HTTP/2's
+// framing (a 5-byte message prefix, 9-byte frame headers, and the call's
+// HEADERS frame when chttp2 writes them together), so the engine's eager
+// limit is ACC_SIZE plus this room (at most CHUNK_SIZE).
+constexpr uint64_t kFramingRoom = 1024;
+// The largest eager limit an engine runs with or accepts from a peer: the
+// largest TF_RDMA_ACC_SIZE plus the framing room.
+constexpr uint64_t kMaxEngineAccSize = (uint64_t{1} << 20) + kFramingRoom;
+
+// The options the engine runs with for a process configured with `o`
+// (acc_size with the framing room). The one place that room is added.
+Options EngineOptions(const Options& o);
+
+// The engine's own check (Engine::Create): ranges and relations of options
+// that already carry the framing room. Everything ValidateOptions accepts
+// passes it after EngineOptions.
+absl::Status ValidateEngineOptions(const Options& e);
 
 // "4 MiB", "1 GiB", "8 KiB", "1000 B": sizes in messages and logs.
 std::string FormatBytes(uint64_t bytes);

@@ -104,8 +104,54 @@ TEST(Options, AccSizeAboveChunkSizeIsRejected) {
 TEST(Options, BufSizeMustHoldTheChunksInFlight) {
   std::string e = Error({{"TF_RDMA_BUF_SIZE", "8M"}});
   EXPECT_NE(e.find("TF_RDMA_BUF_SIZE (8 MiB) is too small"), std::string::npos) << e;
-  EXPECT_NE(e.find("17 MiB"), std::string::npos) << "4 x 4 MiB + 2 x 64 x 8 KiB: " << e;
-  EXPECT_EQ(Error({{"TF_RDMA_BUF_SIZE", "17M"}}), "");
+  // 4 x 4 MiB + 2 x 64 x (8 KiB + 1 KiB of framing room): 17 MiB + 128 KiB.
+  EXPECT_NE(e.find("one connection needs 17536 KiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("(TF_RDMA_ACC_SIZE 8 KiB + 1 KiB of framing room)"), std::string::npos) << e;
+  // 17 MiB passed here once and the engine, which counts the framing
+  // room, then refused it: the process ran on TCP.
+  EXPECT_NE(Error({{"TF_RDMA_BUF_SIZE", "17M"}}), "");
+  EXPECT_EQ(Error({{"TF_RDMA_BUF_SIZE", "17536K"}}), "");
+}
+
+// What the documentation recommends for mid-size messages: it parsed, and
+// the engine then refused an eager limit of 1 MiB + the framing room.
+TEST(Options, LargestAccSizeRunsTheEngine) {
+  auto o = ParseOptions(Env({{"TF_RDMA_ACC_SIZE", "1M"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  Options e = EngineOptions(*o);
+  EXPECT_EQ(e.acc_size, (1u << 20) + kFramingRoom);
+  EXPECT_TRUE(ValidateEngineOptions(e).ok()) << ValidateEngineOptions(e);
+}
+
+// Every check that can turn RDMA off is made at parse time with the
+// engine's rules: whatever parses, the engine accepts. Edge values of each
+// size and count, in every combination.
+TEST(Options, WhatParsesTheEngineAccepts) {
+  int parsed = 0, refused = 0;
+  for (const char* chunk : {"4K", "64K", "1M", "4M", "1G"})
+    for (const char* acc : {"64", "4K", "8K", "1047552", "1M"})
+      for (const char* buf : {"1", "1M", "17M", "17536K", "129M", "1G", "1T"})
+        for (const char* depth : {"3", "64", "4096"})
+          for (const char* cif : {"1", "4", "64"}) {
+            auto o = ParseOptions(Env({{"TF_RDMA_CHUNK_SIZE", chunk},
+                                       {"TF_RDMA_ACC_SIZE", acc},
+                                       {"TF_RDMA_BUF_SIZE", buf},
+                                       {"TF_RDMA_EAGER_DEPTH", depth},
+                                       {"TF_RDMA_CHUNKS_IN_FLIGHT", cif}}));
+            if (!o.ok()) {
+              ++refused;
+              continue;
+            }
+            ++parsed;
+            EXPECT_TRUE(ValidateOptions(*o).ok()) << ValidateOptions(*o);
+            absl::Status s = ValidateEngineOptions(EngineOptions(*o));
+            EXPECT_TRUE(s.ok()) << "CHUNK_SIZE=" << chunk << " ACC_SIZE=" << acc
+                                << " BUF_SIZE=" << buf << " EAGER_DEPTH=" << depth
+                                << " CHUNKS_IN_FLIGHT=" << cif << ": " << s;
+          }
+  // Both kinds occur, or the test proves nothing.
+  EXPECT_GT(parsed, 100);
+  EXPECT_GT(refused, 100);
 }
 
 TEST(Options, ValidateCatchesWhatAnApplicationFilledIn) {

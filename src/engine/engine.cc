@@ -53,7 +53,7 @@ bool ValidHello(const void* data, size_t len, wire::Hello* out) {
   memcpy(out, data, std::min(len, sizeof(*out)));
   return out->magic == wire::kMagic && out->version == wire::kVersion &&
          out->eager_depth >= 3 && out->eager_depth <= 4096 && out->acc_size >= 64 &&
-         out->acc_size <= (1u << 20) && (out->max_chunk == 0 || out->max_chunk >= (4u << 10));
+         out->acc_size <= kMaxEngineAccSize && (out->max_chunk == 0 || out->max_chunk >= (4u << 10));
 }
 
 }  // namespace
@@ -471,7 +471,7 @@ Engine::Engine(std::shared_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() { impl_->Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
-  RETURN_IF_ERROR(ValidateOptions(options));
+  RETURN_IF_ERROR(ValidateEngineOptions(options));
   ASSIGN_OR_RETURN(std::optional<std::string> device, ChooseDevice(options));
   (void)device;  // RDMA CM binds the device for the address; checked above
   auto impl = std::make_shared<EngineImpl>(options);

@@ -54,19 +54,6 @@ void DumpStatsAtExit() {
   fclose(f);
 }
 
-// TF_RDMA_ACC_SIZE is about payloads: a gRPC message of ACC_SIZE bytes must
-// go eagerly. On the stream it comes with gRPC's and HTTP/2's framing (a
-// 5-byte message prefix, 9-byte frame headers, and the call's HEADERS frame
-// when chttp2 writes them together), so the engine's eager limit is
-// ACC_SIZE plus room for that.
-constexpr uint64_t kFramingRoom = 1024;
-
-Options EngineOptions(const Options& o) {
-  Options e = o;
-  e.acc_size = std::min(o.acc_size + kFramingRoom, o.chunk_size);
-  return e;
-}
-
 }  // namespace
 
 Runtime* Runtime::Get() { return g_runtime.load(std::memory_order_acquire); }
@@ -81,7 +68,11 @@ Engine* Runtime::engine() {
       GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(engine_->options()).c_str());
     } else {
       unavailable_ = std::string(e.status().message());
-      gpr_log(GPR_INFO, "grpc_rdma: RDMA is not available (%s): gRPC uses TCP",
+      // The process asked for RDMA (TF_RDMA_ENABLED is true): that it runs
+      // without is news at the default verbosity, once.
+      gpr_log(GPR_ERROR,
+              "grpc_rdma: RDMA is off in this process, gRPC uses TCP: %s "
+              "(TF_RDMA_ENABLED=false turns the plugin off without this message)",
               unavailable_.c_str());
     }
   }

@@ -25,11 +25,18 @@
 #   mixed-chunks  TF_RDMA_CHUNK_SIZE 64 KiB on the server, the default
 #                 (4 MiB) with TF_RDMA_ACC_SIZE 256 KiB on the client:
 #                 both directions over RDMA, every byte right
+#   acc-1m     TF_RDMA_ACC_SIZE=1M on both sides, as docs/usage.md suggests
+#              for mid-size messages: RDMA, messages up to 1 MiB eager
+#   buf-edge   TF_RDMA_BUF_SIZE=17M on the client: below what one connection
+#              needs with the default sizes (the framing room counted): a
+#              message naming it at start, TCP; at exactly that need: RDMA
+#   no-device  TF_RDMA_DEV_NAME names an absent device: at the default
+#              verbosity, one ERROR line says RDMA is off and why; TCP
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool mixed-chunks trace)
+       small-pool mixed-chunks acc-1m buf-edge no-device trace)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -286,6 +293,41 @@ case "$CASE" in
     expect "$C" bytes_received ge $(( 2 * ((4 << 20) + (1 << 20)) ))
     expect "$S" rdma_server_connections ge 2
     expect "$S" tcp_server_connections eq 0
+    ;;
+  acc-1m)
+    start_server "" 127.0.0.1 1 TF_RDMA_ACC_SIZE=1M &&
+      { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_ACC_SIZE=1M; stop_server; }
+    expect "$C" rdma_client_connections ge 2
+    expect "$C" tcp_client_connections eq 0
+    expect "$S" rdma_server_connections ge 2
+    expect "$S" tcp_server_connections eq 0
+    expect "$C" bytes_sent ge $(( 2 * ((4 << 20) + (1 << 20)) ))
+    # Every message up to 1 MiB went eagerly: only the 4 MiB ones (one per
+    # round, each way) announced.
+    expect "$C" eager_messages ge 10
+    grep -q "RDMA is off" "$TMP/client.err" "$TMP/server.err" &&
+      fail "a side says RDMA is off: $(grep -h "RDMA is off" "$TMP/client.err" "$TMP/server.err")"
+    ;;
+  buf-edge)
+    start_server "" 127.0.0.1 1 && call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_BUF_SIZE=17M
+    grep -q "TF_RDMA_BUF_SIZE (17 MiB) is too small" "$TMP/client.err" ||
+      fail "no message naming TF_RDMA_BUF_SIZE: $(head -c 300 "$TMP/client.err")"
+    [ -e "$C" ] && fail "the plugin installed with a TF_RDMA_BUF_SIZE it cannot run with"
+    # 4 x 4 MiB + 2 x 64 x (8 KiB + 1 KiB of framing room): enough.
+    [ -n "$SERVER_PID" ] && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_BUF_SIZE=17536K; stop_server; }
+    expect "$C" rdma_client_connections ge 2
+    expect "$C" tcp_client_connections eq 0
+    expect "$S" tcp_server_connections ge 1   # the first client's
+    expect "$S" rdma_server_connections ge 2
+    ;;
+  no-device)
+    start_server "" 127.0.0.1 1 &&
+      { call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_DEV_NAME=mlx5_9; stop_server; }
+    grep -q "E.*grpc_rdma: RDMA is off in this process, gRPC uses TCP: TF_RDMA_DEV_NAME=mlx5_9: no such RDMA device" "$TMP/client.err" ||
+      fail "no ERROR line naming TF_RDMA_DEV_NAME: $(head -c 300 "$TMP/client.err")"
+    [ "$(grep -c "RDMA is off" "$TMP/client.err")" -eq 1 ] || fail "not exactly one 'RDMA is off' line"
+    expect "$C" tcp_client_connections ge 1
+    expect "$C" rdma_client_connections eq 0
     ;;
   trace)
     start_server "" 127.0.0.1 1 GRPC_TRACE=rdma GRPC_VERBOSITY=info &&
