@@ -1,10 +1,9 @@
-// The engine's control path: the poller thread, RDMA CM events, connection
-// set-up on both sides, connect timeouts.
+// The engine's facade and registry, and RDMA CM: connection set-up on both
+// sides, connect timeouts, listeners. The poller is in poller.cc.
 #include "engine/engine.h"
 
-#include <poll.h>
-#include <string.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -15,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
-#include "engine/engine_internal.h"
+#include "engine/engine_impl.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -27,12 +26,6 @@ uint64_t NowMicros() {
 }
 
 namespace {
-
-// epoll tags: the CM channel and the wake fd have fixed ones; a
-// connection's completion channel is tagged with its CM id.
-constexpr uint64_t kTagCm = 1, kTagWake = 2;
-// In the poller's own set: the shared set (epfd_) has something ready.
-constexpr uint64_t kTagShared = 3;
 
 // Our connect/accept parameters: the Hello as private data, and infinite
 // RNR retry (credits keep receives posted; a wait is never an error).
@@ -47,42 +40,11 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
   return p;
 }
 
-bool ValidHello(const void* data, size_t len, wire::Hello* out) {
-  if (data == nullptr || len < wire::kHelloV2Bytes) return false;
-  *out = wire::Hello{};  // fields an older peer's Hello lacks are 0
-  memcpy(out, data, std::min(len, sizeof(*out)));
-  return out->magic == wire::kMagic && out->version == wire::kVersion &&
-         out->eager_depth >= 3 && out->eager_depth <= 4096 && out->acc_size >= 64 &&
-         out->acc_size <= kMaxEngineAccSize && (out->max_chunk == 0 || out->max_chunk >= (4u << 10));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- engine ---
 
 EngineImpl::EngineImpl(const Options& o) : options(o), budget(o.buf_size) {}
-
-absl::Status EngineImpl::Start() {
-  ASSIGN_OR_RETURN(events_, CreateEventChannel());
-  epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epfd_ < 0 || wake_fd_ < 0) return ErrnoStatus(errno, "epoll_create1/eventfd");
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kTagCm;
-  epoll_ctl(epfd_, EPOLL_CTL_ADD, events_->fd, &ev);
-  ev.data.u64 = kTagWake;
-  epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-  poll_epfd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (poll_epfd_ < 0) return ErrnoStatus(errno, "epoll_create1");
-  ev.data.u64 = kTagShared;
-  epoll_ctl(poll_epfd_, EPOLL_CTL_ADD, epfd_, &ev);
-  poller_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "rdma-engine");  // for top, gdb, perf
-    PollerMain();
-  });
-  return absl::OkStatus();
-}
 
 void EngineImpl::Shutdown() {
   {
@@ -97,13 +59,14 @@ void EngineImpl::Shutdown() {
     std::lock_guard<std::mutex> g(mu);
     for (auto& [id, c] : conns_) {
       UnwatchLocked(c.get());
+      std::lock_guard<std::mutex> cl(c->mu());
       c->CloseLocked(absl::UnavailableError("engine shut down"), &d, true);
     }
     conns.swap(conns_);
     listeners_.clear();
   }
   for (auto& f : d) f();
-  // conns (and what they own) go here, outside the lock.
+  // conns (and what they own) go here, outside the locks.
 }
 
 EngineImpl::~EngineImpl() {
@@ -154,6 +117,15 @@ std::shared_ptr<ConnImpl> EngineImpl::Find(rdma_cm_id* id) {
   return it == conns_.end() ? nullptr : it->second;
 }
 
+ConnList EngineImpl::SnapshotLocked() const {
+  ConnList all;
+  all.reserve(conns_.size());
+  for (const auto& [id, c] : conns_) all.push_back(c);
+  return all;
+}
+
+// ------------------------------------------------------------ RDMA CM ---
+
 void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done) {
   Deferred d;
   {
@@ -165,6 +137,7 @@ void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::Connec
     } else {
       rdma_cm_id* raw = id->get();
       auto c = std::make_shared<ConnImpl>(shared_from_this(), std::move(*id), false);
+      std::lock_guard<std::mutex> cl(c->mu());
       c->connect_done = std::move(done);
       c->connect_deadline_us = NowMicros() + static_cast<uint64_t>(timeout_ms) * 1000;
       conns_[raw] = c;
@@ -214,26 +187,44 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
   if (!s.ok() && s.code() != absl::StatusCode::kUnavailable)
     s = absl::UnavailableError(s.message());
   c->CloseLocked(s, d, false);
+  c->connect_deadline_us = 0;
   auto it = conns_.find(c->cm_id());
   if (it != conns_.end()) {
     UnwatchLocked(c);
     auto keep = it->second;
     conns_.erase(it);
-    d->push_back([keep] {});  // destroyed after the lock is dropped
+    d->push_back([keep] {});  // destroyed after the locks are dropped
+  }
+}
+
+void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
+  uint64_t now = NowMicros();
+  ConnList late;
+  for (auto& [id, c] : conns_)
+    if (c->connect_deadline_us != 0 && now > c->connect_deadline_us) late.push_back(c);
+  for (auto& c : late) {
+    std::lock_guard<std::mutex> cl(c->mu());
+    if (c->connect_done)
+      FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
+    else
+      c->connect_deadline_us = 0;
   }
 }
 
 void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   size_t li = reinterpret_cast<size_t>(e->listen_id->context);
   wire::Hello peer;
-  if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] ||
-      !ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer)) {
-    fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's\n");
+  const char* bad = wire::ParseHello(e->param.conn.private_data,
+                                     e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
+  if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] || bad != nullptr) {
+    fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's (%s)\n",
+            bad != nullptr ? bad : "no listener");
     rdma_reject(e->id, nullptr, 0);
     rdma_destroy_id(e->id);
     return;
   }
   auto c = std::make_shared<ConnImpl>(shared_from_this(), CmId(e->id), true);
+  std::lock_guard<std::mutex> cl(c->mu());
   conns_[e->id] = c;
   absl::Status s = c->SetupLocked();
   if (!s.ok()) {
@@ -268,6 +259,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
   if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequestLocked(e, d);
   std::shared_ptr<ConnImpl> c = Find(e->id);
   if (c == nullptr) return;
+  std::lock_guard<std::mutex> cl(c->mu());
   switch (e->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
       if (rdma_resolve_route(e->id, options.connect_timeout_ms) != 0)
@@ -286,12 +278,18 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
     case RDMA_CM_EVENT_ESTABLISHED: {
       if (!c->closed() && c->connect_done) {
         if (!c->cm_id()->qp) return FailConnectLocked(c.get(), absl::InternalError("no QP"), d);
-        wire::Hello peer;
         c->connect_deadline_us = 0;
         if (!c->passive()) {
-          if (!ValidHello(e->param.conn.private_data, e->param.conn.private_data_len, &peer))
+          wire::Hello peer;
+          const char* bad = wire::ParseHello(e->param.conn.private_data,
+                                             e->param.conn.private_data_len, kMaxEngineAccSize,
+                                             &peer);
+          if (bad != nullptr)
             return FailConnectLocked(
-                c.get(), absl::UnavailableError("the peer is not a grpc-rdma endpoint"), d);
+                c.get(),
+                absl::UnavailableError(
+                    absl::StrCat("the peer is not a grpc-rdma endpoint: ", bad)),
+                d);
           c->SetPeerLocked(peer);
         }
         c->UpLocked();
@@ -319,149 +317,6 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
       return FailConnectLocked(c.get(), absl::UnavailableError("disconnected"), d);
     default:
       return;
-  }
-}
-
-bool EngineImpl::PollAllLocked(Deferred* d) {
-  size_t before = d->size();
-  int seen = 0;
-  for (auto& [id, c] : conns_) seen += c->HandleCqLocked(d);
-  return seen > 0 || d->size() > before;
-}
-
-// What epoll reported, then every CQ. True when anything happened. The
-// poller thread and PollNow (a host event loop) may both be woken for the
-// same event: whoever comes second finds it gone, so nothing here blocks
-// on a source without checking it is readable first.
-bool EngineImpl::HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d) {
-  HandleEventListLocked(evs, n, take_wake, d);
-  // Connect deadlines.
-  uint64_t now = NowMicros();
-  std::vector<std::shared_ptr<ConnImpl>> late;
-  for (auto& [id, c] : conns_)
-    if (c->connect_deadline_us != 0 && c->connect_done && now > c->connect_deadline_us)
-      late.push_back(c);
-  for (auto& c : late)
-    FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
-  return PollAllLocked(d) || n > 0;
-}
-
-void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_wake,
-                                       Deferred* d) {
-  for (int i = 0; i < n; ++i) {
-    uint64_t tag = evs[i].data.u64;
-    if (tag == kTagShared) {
-      epoll_event shared[64];
-      int m = epoll_wait(epfd_, shared, 64, 0);
-      if (m > 0) HandleEventListLocked(shared, m, take_wake, d);
-    } else if (tag == kTagWake) {
-      if (!take_wake) continue;  // the poller's: it may be waiting for it
-      uint64_t v;
-      (void)!read(wake_fd_, &v, sizeof(v));
-    } else if (tag == kTagCm) {
-      pollfd p{events_->fd, POLLIN, 0};
-      while (poll(&p, 1, 0) == 1) {
-        rdma_cm_event* e = nullptr;
-        if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) break;
-        // Copy what we need, then ack before acting (acting may destroy ids).
-        rdma_cm_event copy = *e;
-        uint8_t pdata[256];
-        if (e->param.conn.private_data && e->param.conn.private_data_len) {
-          memcpy(pdata, e->param.conn.private_data, e->param.conn.private_data_len);
-          copy.param.conn.private_data = pdata;
-        }
-        rdma_ack_cm_event(e);
-        HandleCmEventLocked(&copy, d);
-      }
-    } else {
-      auto c = Find(reinterpret_cast<rdma_cm_id*>(tag));
-      if (c) c->TakeEventsLocked();
-    }
-  }
-}
-
-bool EngineImpl::PollNow() {
-  NoteHostPoll();
-  epoll_event evs[64];
-  Deferred d;
-  bool did;
-  {
-    std::lock_guard<std::mutex> g(mu);
-    if (stop_) return false;
-    did = false;
-    int n;
-    do {  // all of it: what stays ready inner raises no new edge outside
-      n = epoll_wait(epfd_, evs, 64, 0);
-      did |= HandleEventsLocked(evs, n, /*take_wake=*/false, &d);
-    } while (n == 64);
-    // The event loop goes back to waiting on event_fd(): arm every CQ so
-    // the next completion raises an event, then look once more.
-    for (auto& [id, c] : conns_) c->ArmCqLocked();
-    did |= PollAllLocked(&d);
-  }
-  for (auto& f : d) f();
-  if (did) host_polls.fetch_add(1, std::memory_order_relaxed);
-  return did;
-}
-
-void EngineImpl::PollerMain() {
-  const bool busy = options.poll_mode == PollMode::kBusy;
-  const bool adaptive = options.poll_mode == PollMode::kAdaptive;
-  uint64_t last_active = NowMicros();
-  epoll_event evs[64];
-  for (;;) {
-    // Idle: block until an armed CQ, the CM or a wake-up says something
-    // (no periodic wake-ups: an idle connection costs nothing).
-    int timeout = -1;
-    const bool external = external_polling.load(std::memory_order_relaxed);
-    if (busy || (adaptive && !external &&
-                 NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
-      timeout = 0;
-    Deferred early;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (stop_) return;
-      bool deadline = false;
-      for (auto& [id, c] : conns_) deadline |= c->connect_deadline_us != 0;
-      if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
-      if (timeout != 0) {
-        // About to block: arm every CQ, then look once more: a completion
-        // that came in before the arm raises no event.
-        for (auto& [id, c] : conns_) c->ArmCqLocked();
-        if (PollAllLocked(&early)) timeout = 0;
-      }
-    }
-    for (auto& f : early) f();
-    int n;
-    uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_relaxed);
-    if (external && timeout != 0 && since_host < kHostActiveUs) {
-      // The host loop is polling (it called PollNow lately): it handles
-      // events, on the threads that wait for them. Waking this thread for
-      // each would cost a thread switch per message; look only every
-      // kBackupUs, in case the host stops polling.
-      pollfd p{wake_fd_, POLLIN, 0};
-      int ms = static_cast<int>(kBackupUs / 1000);
-      if (timeout > 0 && timeout < ms) ms = timeout;
-      poll(&p, 1, ms);
-      n = epoll_wait(poll_epfd_, evs, 64, 0);
-    } else {
-      // Everything: the shared set and the host-polled connections.
-      n = epoll_wait(poll_epfd_, evs, 64, timeout);
-      if (n > 0 && external && timeout != 0) {
-        // The host loop was woken too: let its thread, the one that waits
-        // for what this event brings, handle it; step in only if it has
-        // not within the grace (nobody is polling there).
-        std::this_thread::sleep_for(std::chrono::microseconds(kExternalGraceUs));
-        n = epoll_wait(poll_epfd_, evs, 64, 0);
-      }
-    }
-    Deferred d;
-    {
-      std::lock_guard<std::mutex> g(mu);
-      if (stop_) return;
-      if (HandleEventsLocked(evs, n, /*take_wake=*/true, &d)) last_active = NowMicros();
-    }
-    for (auto& f : d) f();
   }
 }
 

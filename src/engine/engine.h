@@ -72,7 +72,7 @@ struct ConnectionStats {
   uint64_t eager_messages = 0;     // SENDs of stream data
   uint64_t coalesced_writes = 0;   // writes that shared a SEND with another
   uint64_t rendezvous = 0;         // large writes sent by rendezvous
-  uint64_t pre_granted = 0;        // ... of them at once, into a standing grant
+  uint64_t standing_writes = 0;    // ... of them at once, into a standing grant
   uint64_t chunks_zero_copy = 0;   // received chunks lent to the reader
   uint64_t chunks_copied = 0;      // received chunks copied (pool was short)
   uint64_t credit_messages = 0;    // explicit credit updates sent

@@ -444,7 +444,7 @@ int AwaitControl(ibv_cq* cq, const char* mem, uint8_t type, int ms, bool first,
 // must close the connection.
 int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   wire::Header pre{};
-  if (AwaitControl(cq, mem, wire::kPre, 5000, true, &pre) == 0) return 15;
+  if (AwaitControl(cq, mem, wire::kStanding, 5000, true, &pre) == 0) return 15;
   ibv_sge s{reinterpret_cast<uint64_t>(mem), 100, mr->lkey};
   ibv_send_wr w{}, *bad;
   w.sg_list = &s;
@@ -471,7 +471,7 @@ int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_
 // is open. Exit status: 100 + that count, or 18-20.
 int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   wire::Header pre{};
-  if (AwaitControl(cq, mem, wire::kPre, 300, false, &pre) != 2) return 18;
+  if (AwaitControl(cq, mem, wire::kStanding, 300, false, &pre) != 2) return 18;
   ibv_sge data{reinterpret_cast<uint64_t>(mem + 8 * 65536), 20000, mr->lkey};
   ibv_send_wr w{}, *bad;
   w.sg_list = &data;
@@ -501,7 +501,7 @@ int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
       wire::Header m{};
       memcpy(&m, mem + wc.wr_id * 65536, sizeof(m));
       cts += m.type == wire::kCts;
-      more_pre += m.type == wire::kPre;
+      more_pre += m.type == wire::kStanding;
     }
     usleep(1000);
   }
@@ -583,7 +583,7 @@ int ChildRogue(uint16_t port) {
     return 0;
   }
   if (mode == "count_pre")  // exit status 100 + standing grants received
-    return 100 + AwaitControl(cq, mem.data(), wire::kPre, 300, false, nullptr);
+    return 100 + AwaitControl(cq, mem.data(), wire::kStanding, 300, false, nullptr);
   // Announce a 1 MiB write: the engine answers with a grant.
   wire::Header rts{};
   rts.type = wire::kRts;

@@ -3,7 +3,14 @@
 #include "engine/testing.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
 #include <poll.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -386,8 +393,8 @@ TEST(Engine, MidSizeMessagesUseStandingGrants) {
   ASSERT_TRUE(at_server.WaitFor(all.size()));
   EXPECT_TRUE(at_server.data() == all);
   ConnectionStats st = p.c->stats();
-  EXPECT_GT(st.pre_granted, 0u) << "no message went into a standing grant";
-  EXPECT_GT(st.rendezvous, st.pre_granted) << "1 MiB messages must still be announced";
+  EXPECT_GT(st.standing_writes, 0u) << "no message went into a standing grant";
+  EXPECT_GT(st.rendezvous, st.standing_writes) << "1 MiB messages must still be announced";
   EXPECT_GT(at_server.zero_copy_chunks(), 0u);
   p.Close();
 }
@@ -426,7 +433,7 @@ TEST(Engine, AnnouncedTransfersProgressWithOneChunkInFlight) {
   ASSERT_TRUE(at_server.WaitFor(all.size(), 20000)) << "an announced transfer was never granted";
   EXPECT_EQ(ok->load(), 4);
   EXPECT_TRUE(at_server.data() == all);
-  EXPECT_GT(p.c->stats().rendezvous, p.c->stats().pre_granted);
+  EXPECT_GT(p.c->stats().rendezvous, p.c->stats().standing_writes);
   p.Close();
 }
 
@@ -467,8 +474,8 @@ TEST(Engine, EndsWithDifferentChunkAndEagerSizesInteroperate) {
     // Toward the small end, standing grants of 64 KiB (above its 8 KiB
     // eager limit) are used; the large end's 64 KiB grants would be under
     // its 256 KiB eager limit, so it makes none.
-    EXPECT_GT((server_small ? p.c : p.s)->stats().pre_granted, 0u);
-    EXPECT_EQ((server_small ? p.s : p.c)->stats().pre_granted, 0u);
+    EXPECT_GT((server_small ? p.c : p.s)->stats().standing_writes, 0u);
+    EXPECT_EQ((server_small ? p.s : p.c)->stats().standing_writes, 0u);
     p.Close();
   }
 }
@@ -556,6 +563,155 @@ TEST(Engine, AHostPolledConnectionIsHandledByTheHostOrElseByThePoller) {
   EXPECT_TRUE(at_server.WaitFor(13 + 17, 5000)) << "not delivered once given back";
   EXPECT_EQ(at_server.data(), "by the pollerand by the engine");
   p.Close();
+}
+
+// One page whose first touch blocks the touching thread until Release():
+// memory that makes the engine stop in the middle of a copy, for as long as
+// a test wants (userfaultfd, user-mode faults only, so no privilege needed).
+class StuckPage {
+ public:
+  static constexpr size_t kSize = 4096;
+  StuckPage() {
+    uffd_ = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | UFFD_USER_MODE_ONLY));
+    if (uffd_ < 0) {
+      error_ = std::string("userfaultfd: ") + strerror(errno);
+      return;
+    }
+    uffdio_api api{};
+    api.api = UFFD_API;
+    void* m = mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ioctl(uffd_, UFFDIO_API, &api) != 0 || m == MAP_FAILED) {
+      error_ = std::string("UFFDIO_API or mmap: ") + strerror(errno);
+      return;
+    }
+    page_ = static_cast<char*>(m);
+    uffdio_register reg{};
+    reg.range.start = reinterpret_cast<uint64_t>(page_);
+    reg.range.len = kSize;
+    reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+    if (ioctl(uffd_, UFFDIO_REGISTER, &reg) != 0)
+      error_ = std::string("UFFDIO_REGISTER: ") + strerror(errno);
+  }
+  ~StuckPage() {
+    Release(std::string(kSize, '\0'));
+    if (page_ != nullptr) munmap(page_, kSize);
+    if (uffd_ >= 0) close(uffd_);
+  }
+  const std::string& error() const { return error_; }
+  char* data() const { return page_; }
+  // True once a thread touched the page (and is now stuck on it).
+  bool WaitTouched(int ms) {
+    pollfd p{uffd_, POLLIN, 0};
+    if (poll(&p, 1, ms) != 1) return false;
+    uffd_msg msg;
+    return read(uffd_, &msg, sizeof(msg)) == sizeof(msg) && msg.event == UFFD_EVENT_PAGEFAULT;
+  }
+  // Fills the page with `bytes`, which lets the stuck thread go on.
+  void Release(const std::string& bytes) {
+    if (released_ || page_ == nullptr || uffd_ < 0) return;
+    released_ = true;
+    static char src[kSize] __attribute__((aligned(4096)));
+    memcpy(src, bytes.data(), std::min(bytes.size(), kSize));
+    uffdio_copy copy{};
+    copy.dst = reinterpret_cast<uint64_t>(page_);
+    copy.src = reinterpret_cast<uint64_t>(src);
+    copy.len = kSize;
+    ioctl(uffd_, UFFDIO_COPY, &copy);
+  }
+
+ private:
+  int uffd_ = -1;
+  char* page_ = nullptr;
+  bool released_ = false;
+  std::string error_;
+};
+
+// No connection waits on another: while one connection's writer is stuck
+// in the middle of copying its data (holding that connection's lock), a
+// second connection of the same engines carries bytes both ways. With one
+// lock for all connections the second write waited for the first copy.
+TEST(Engine, AConnectionStuckInACopyHoldsUpNoOther) {
+  StuckPage page;
+  ASSERT_EQ(page.error(), "");
+  Options o;
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  ASSERT_TRUE(se.ok() && ce.ok());
+  std::unique_ptr<Engine> server = std::move(*se), client = std::move(*ce);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Connection>> accepted;
+  auto port = server->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+    cv.notify_all();
+  });
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto connect = [&]() -> std::shared_ptr<Connection> {
+    std::promise<absl::StatusOr<std::shared_ptr<Connection>>> done;
+    client->Connect(Loopback(*port), 5000, [&](absl::StatusOr<std::shared_ptr<Connection>> r) {
+      done.set_value(std::move(r));
+    });
+    auto r = done.get_future().get();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : nullptr;
+  };
+  std::shared_ptr<Connection> a = connect(), b = connect();
+  ASSERT_TRUE(a && b);
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, std::chrono::seconds(5), [&] { return accepted.size() == 2; }));
+  }
+  // Which accepted connection is whose: a's first bytes tell.
+  auto sa = std::make_unique<Sink>(accepted[0]);
+  auto sb = std::make_unique<Sink>(accepted[1]);
+  ASSERT_TRUE(WriteAll(*a, "A").ok());
+  ASSERT_TRUE(sa->WaitFor(1, 5000) || sb->WaitFor(1, 5000));
+  std::shared_ptr<Connection> a_peer = accepted[0], b_peer = accepted[1];
+  if (sb->data() == "A") {
+    std::swap(sa, sb);
+    std::swap(a_peer, b_peer);
+  }
+  ASSERT_EQ(sa->data(), "A");
+  Sink at_b(b);
+
+  // a's writer copies from the stuck page: it stops in the copy.
+  std::string a_bytes = Pattern(StuckPage::kSize, 7);
+  auto a_write = std::async(std::launch::async, [&] {
+    std::promise<absl::Status> done;
+    iovec v{page.data(), StuckPage::kSize};
+    a->Write({v}, [&](absl::Status s) { done.set_value(s); });
+    return done.get_future().get();
+  });
+  ASSERT_TRUE(page.WaitTouched(5000)) << "the engine never copied from a's data";
+  // Meanwhile b carries bytes both ways.
+  auto b_write = std::async(std::launch::async, [&] { return WriteAll(*b, "over b"); });
+  bool b_wrote = b_write.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  EXPECT_TRUE(b_wrote) << "a write on b waited for a's copy";
+  EXPECT_TRUE(sb->WaitFor(6, 5000)) << "b's bytes did not arrive while a was in its copy";
+  bool reply = false;
+  if (b_wrote) {
+    auto b_back = std::async(std::launch::async, [&] { return WriteAll(*b_peer, "and back"); });
+    reply = b_back.wait_for(std::chrono::seconds(5)) == std::future_status::ready &&
+            at_b.WaitFor(8, 5000);
+    page.Release(a_bytes);
+    EXPECT_TRUE(b_back.get().ok());
+  }
+  EXPECT_TRUE(reply) << "b's peer could not answer while a was in its copy";
+  page.Release(a_bytes);  // a goes on; so does b, if it waited
+  EXPECT_TRUE(a_write.get().ok());
+  EXPECT_TRUE(b_write.get().ok());
+  ASSERT_TRUE(sa->WaitFor(1 + StuckPage::kSize));
+  EXPECT_TRUE(sa->data() == "A" + a_bytes) << "a's bytes differ";
+  EXPECT_EQ(sb->data(), "over b");
+  EXPECT_EQ(at_b.data(), "and back");
+  a.reset();
+  b.reset();
+  a_peer.reset();
+  b_peer.reset();
+  accepted.clear();
+  client.reset();
+  server.reset();
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 // IMMEDIATE into a buffer the receiver granted; the immediate is the grant
 // id. Both consume one of the peer's posted receives: one credit. A
 // mid-size message may instead go at once, whole, into a standing grant
-// (kPre) the receiver made ahead of time.
+// (kStanding) the receiver made ahead of time.
 //
 // Both ends are assumed to share byte order (all fields are host order);
 // the handshake's magic catches a mismatch.
@@ -31,7 +31,7 @@ enum Type : uint8_t {
                 // offset `offset` of it to `a`/`rkey`, immediate `grant`
   kCredit = 4,  // only returns credits
   kClose = 5,   // the sender closes its stream
-  kPre = 6,     // a standing grant: the peer may write one whole message of
+  kStanding = 6,  // a standing grant: the peer may write one whole message of
                 // more than its eager limit and at most `len` bytes to
                 // `a`/`rkey`, immediate `grant`, without announcing it
 };
@@ -40,10 +40,10 @@ struct Header {
   uint8_t type;
   uint8_t version;
   uint16_t credits;  // receives the sender reposted since its last message
-  uint32_t len;      // kData: payload bytes; kCts, kPre: grant length
-  uint64_t a;        // kRts: transfer length; kCts, kPre: address
-  uint32_t rkey;     // kCts, kPre
-  uint32_t grant;    // kCts, kPre
+  uint32_t len;      // kData: payload bytes; kCts, kStanding: grant length
+  uint64_t a;        // kRts: transfer length; kCts, kStanding: address
+  uint32_t rkey;     // kCts, kStanding
+  uint32_t grant;    // kCts, kStanding
   uint64_t offset;   // kCts: offset of the grant in the transfer
 };
 static_assert(sizeof(Header) == 32, "wire layout");
@@ -55,7 +55,7 @@ struct Hello {
   uint16_t version;
   uint16_t eager_depth;  // receives the sender posts: the peer's credits
   uint32_t acc_size;     // the largest eager payload the sender accepts
-  // How many standing grants (kPre) the sender accepts outstanding; 0 (a
+  // How many standing grants (kStanding) the sender accepts outstanding; 0 (a
   // peer from before this field) means 2.
   uint16_t standing_grants;
   uint16_t flags;  // kHello* bits
@@ -72,6 +72,13 @@ constexpr size_t kHelloV2Bytes = 16;
 constexpr uint16_t kHelloSolicited = 1;
 static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
 static_assert(offsetof(Hello, max_chunk) == kHelloV2Bytes, "older fields first");
+
+// Reads a peer's Hello from RDMA CM private data (`len` bytes at `data`,
+// which may be more than a Hello: CM pads it) into `out`, the fields an
+// older peer's shorter Hello lacks as 0. nullptr when it is a Hello this
+// engine can talk to; otherwise what is wrong with it, for the log.
+// `max_acc` is the largest eager limit accepted (kMaxEngineAccSize).
+const char* ParseHello(const void* data, size_t len, uint64_t max_acc, Hello* out);
 
 }  // namespace wire
 }  // namespace grpc_rdma

@@ -198,7 +198,7 @@ Stats GetStats() {
   s.eager_messages = t.eager_messages;
   s.coalesced_writes = t.coalesced_writes;
   s.rendezvous = t.rendezvous;
-  s.rendezvous_pre_granted = t.pre_granted;
+  s.rendezvous_pre_granted = t.standing_writes;
   s.chunks_zero_copy = t.chunks_zero_copy;
   s.chunks_copied = t.chunks_copied;
   if (Runtime* rt = Runtime::Get()) {

@@ -13,7 +13,7 @@ void Add(ConnectionStats* t, const ConnectionStats& s) {
   t->eager_messages += s.eager_messages;
   t->coalesced_writes += s.coalesced_writes;
   t->rendezvous += s.rendezvous;
-  t->pre_granted += s.pre_granted;
+  t->standing_writes += s.standing_writes;
   t->chunks_zero_copy += s.chunks_zero_copy;
   t->chunks_copied += s.chunks_copied;
   t->credit_messages += s.credit_messages;

@@ -1,22 +1,41 @@
-// Engine internals shared by engine.cc (poller, RDMA CM) and connection.cc
-// (the data path). One mutex, EngineImpl::mu, guards every connection's
-// state; callbacks are collected in a Deferred and run after it is dropped.
-#ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
-#define GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
-
-#include <sys/epoll.h>
+// File: src/engine/connection.h
+//
+// One connection: an RC QP in a PD of its own, with its CQ, completion
+// channel and buffer pools, and the state of both directions of its byte
+// stream. Its methods live in four files, one job each:
+//
+//   connection.cc  state: set-up, the peer's Hello, close, the CQ (arming,
+//                  events, completions), the application's calls
+//   sender.cc      the send path: eager coalescing, standing-grant writes,
+//                  announced transfers (RTS, then chunks into the peer's
+//                  grants), credit updates
+//   receiver.cc    the receive path: messages and chunks from the peer,
+//                  checked field by field (wire.h), the grants we make,
+//                  the reader's queue
+//   flow.h         credits and send slots, as a value
+//
+// Locking: each connection has a mutex of its own, mu_, that guards all of
+// its state; `...Locked` methods need it held. No connection ever waits for
+// another's lock. The engine's registry lock (EngineImpl::mu) is taken
+// before a connection's, never after (the engine's RDMA CM handling holds
+// both); a connection's code never takes it. Callbacks are collected in a
+// Deferred while the lock is held and run after it is dropped.
+#ifndef GRPC_RDMA_SRC_ENGINE_CONNECTION_H_
+#define GRPC_RDMA_SRC_ENGINE_CONNECTION_H_
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/buffer_pool.h"
 #include "engine/engine.h"
+#include "engine/flow.h"
 #include "engine/wire.h"
 #include "verbs/verbs.h"
 
@@ -24,7 +43,7 @@ namespace grpc_rdma {
 
 uint64_t NowMicros();
 
-// Callbacks to run once the engine lock is released.
+// Callbacks to run once every engine lock is released.
 using Deferred = std::vector<std::function<void()>>;
 
 class EngineImpl;
@@ -34,18 +53,31 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   ConnImpl(std::shared_ptr<EngineImpl> engine, CmId id, bool passive);
   ~ConnImpl() override;
 
-  // Connection
+  // Connection (each takes mu_).
   void Write(std::vector<iovec> data, WriteDone done) override;
   void Read(ReadDone done) override;
   void Shutdown(absl::Status why) override;
   int event_fd() const override { return channel_fd(); }
   bool PollNow() override;
   void SetHostPolled(bool on) override;
-  std::string peer() const override { return peer_; }
-  std::string local() const override { return local_; }
+  std::string peer() const override;
+  std::string local() const override;
   ConnectionStats stats() const override;
 
-  // Called with EngineImpl::mu held.
+  // The connection's lock, for the engine's RDMA CM handling and poller.
+  std::mutex& mu() const { return mu_; }
+
+  // For a poller that found the lock taken (it never waits for one
+  // connection while others may have work): marks the CQ as owed a look,
+  // which whoever holds the lock takes after dropping it (DrainPending);
+  // if the lock is free by now, takes it itself. Callbacks run on the
+  // calling thread, with no lock held.
+  void LeavePending();
+  // Handles the CQ if a poller left it pending (see LeavePending). Called
+  // after mu_ is dropped on every application path.
+  void DrainPending();
+
+  // --- with mu() held ---
   absl::Status SetupLocked();                   // PD, CQ, pools, QP, receives
   void SetPeerLocked(const wire::Hello& hello);  // from the handshake
   void UpLocked();
@@ -61,22 +93,27 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool SendsAwaitedLocked() const;
   void PumpLocked(Deferred* d);                 // send what can be sent
   void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
-  void ReleaseInflightLocked(uint64_t wr_id);
   bool closed() const { return state_ == State::kClosed; }
-  int channel_fd() const { return channel_ ? channel_->fd : -1; }
-  ibv_comp_channel* channel() const { return channel_.get(); }
+  wire::Hello MyHello() const;
+  // Client, until established: the caller's callback. Server, from
+  // rdma_accept: the listener's, to hand the connection over.
+  Engine::ConnectDone connect_done;
+  bool accepted = false;  // server: rdma_accept done
+
+  // Fixed from set-up on (read without a lock).
+  int channel_fd() const { return channel_fd_.load(std::memory_order_acquire); }
   rdma_cm_id* cm_id() const { return id_.get(); }
   bool passive() const { return passive_; }
-  wire::Hello MyHello() const;
 
+  // --- with EngineImpl::mu held ---
   bool host_polled = false;          // SetHostPolled: a host event loop polls it
   int watch_set = -1;                // the epoll set its channel is in (-1: none)
-  Engine::ConnectDone connect_done;  // client, until established
-  bool accepted = false;             // server: rdma_accept done
-  uint64_t connect_deadline_us = 0;
+  uint64_t connect_deadline_us = 0;  // 0: none (established, or a server's)
 
  private:
   enum class State { kSetup, kUp, kClosed };
+  // Receive work requests carry this bit and the receive buffer's index.
+  static constexpr uint64_t kRecvBit = 1ull << 63;
   struct WriteOp {
     std::vector<iovec> iov;
     size_t total = 0;
@@ -84,42 +121,48 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     bool rts_sent = false;
     WriteDone done;
   };
-  struct OutGrant {  // a peer's CTS for our rendezvous
+  struct OutGrant {  // a peer's grant (CTS, or a standing one) for our writes
     uint64_t offset, addr;
     uint32_t len, rkey, grant;
   };
-  struct Landing {  // our grant for the peer's rendezvous
+  struct Landing {  // our grant for the peer's writes
     PinnedBuffer* buf;
     uint32_t len;
-    bool standing = false;  // kPre: one whole message of up to len bytes
+    bool standing = false;  // one whole message of up to len bytes
   };
 
+  // sender.cc
+  bool SendControlLocked(wire::Header h);  // inline SEND
+  bool WriteStandingLocked(Deferred* d);
+  bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
+  bool SendEagerLocked(Deferred* d);
+  bool WriteChunkLocked(Deferred* d);
+  void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
+  // A buffer, or nullptr: closed on error, or waiting for pinned memory.
+  PinnedBuffer* GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d);
+  void ReleaseInflightLocked(uint64_t wr_id);
+  // receiver.cc
   void OnRecvLocked(const ibv_wc& wc, Deferred* d);
   void OnChunkLocked(const ibv_wc& wc, Deferred* d);
   bool PostRecvLocked(size_t index);
-  bool SendControlLocked(wire::Header h);  // inline SEND
-  bool WritePreGrantedLocked(Deferred* d);
-  bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
+  void RepostLocked(size_t index, Deferred* d);
   void IssueStandingGrantsLocked();
-  bool SendEagerLocked(Deferred* d);
-  bool WriteChunkLocked(Deferred* d);
   void IssueGrantsLocked(Deferred* d);
-  // A buffer, or nullptr: closed on error, or waiting for pinned memory.
-  PinnedBuffer* GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d);
   void DeliverLocked(Deferred* d);
-  void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
   void Violation(const char* what, Deferred* d);
-  uint16_t TakeCreditsLocked();
 
   // Shared: a connection (and chunks it lent) may outlive the Engine.
   const std::shared_ptr<EngineImpl> engine_;
   const bool passive_;
+  mutable std::mutex mu_;
+  std::atomic<bool> poll_pending_{false};  // LeavePending
   // Owners, in the order rdma-core needs them torn down in reverse.
   CmId id_;
   // Shared with the pools' registrars: lent chunks may outlive us, and
   // their memory regions must go before the PD.
   std::shared_ptr<ibv_pd> pd_;
   CompChannel channel_;
+  std::atomic<int> channel_fd_{-1};
   Cq cq_;
   std::unique_ptr<BufferPool> local_pool_;   // eager send/receive buffers
   // Rendezvous landing buffers. Shared with the chunks lent to the reader,
@@ -136,33 +179,30 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
   uint32_t eager_limit_ = 0;  // largest eager write: peer_acc_, if we can stage it
-  int peer_standing_ = 0;  // standing grants the peer accepts (its Hello)
+  int peer_standing_ = 0;     // standing grants the peer accepts (its Hello)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
   bool armed_solicited_ = false;  // the CQ's last arm was solicited-only
   // ibv_req_notify_cq calls since an event was last taken: each raises at
   // most one event, so after one is taken another can be queued only if
   // the CQ was armed more than once in between.
   int arms_since_take_ = 0;
-  int peer_depth_ = 0;
   uint32_t grant_limit_ = 0;  // our largest grant: both chunk sizes' minimum
-  int peer_credits_ = 0;
-  int credits_to_return_ = 0;
+  Flow flow_;
   std::vector<PinnedBuffer*> recv_bufs_;
   std::unordered_map<uint64_t, PinnedBuffer*> inflight_;  // wr_id -> staging
   uint64_t next_wr_ = 1;
   std::deque<WriteOp> writes_;
-  std::deque<OutGrant> out_grants_;
+  std::deque<OutGrant> out_grants_;   // the peer's CTS for writes_.front()
   size_t out_next_offset_ = 0;  // next grant offset expected for writes_.front()
-  // Inbound rendezvous.
+  std::deque<OutGrant> standing_in_;  // the peer's standing grants for us
+  // Inbound announced transfer.
   bool in_active_ = false;
   uint64_t in_total_ = 0, in_received_ = 0, in_granted_ = 0;
   std::map<uint32_t, Landing> landings_;
-  int standing_out_ = 0;                // our kPre grants not yet used
-  std::deque<OutGrant> pre_grants_;     // the peer's kPre grants for us
+  int standing_out_ = 0;  // our standing grants not yet used
   uint32_t next_grant_ = 1;
   bool waiting_budget_ = false;
   std::atomic<bool> budget_woken_{false};  // set by the budget's wake-up
-  int sq_free_ = 0;                         // send queue slots not in use
   // Reader side.
   std::deque<RecvChunk> ready_;
   ReadDone pending_read_;
@@ -170,73 +210,6 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   ConnectionStats stats_;
 };
 
-class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
- public:
-  explicit EngineImpl(const Options& o);
-  ~EngineImpl();
-  absl::Status Start();
-  // Stops the poller and closes every connection (Engine's destructor);
-  // the memory stays until the last connection and lent chunk are gone.
-  void Shutdown();
-
-  void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
-  absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
-  void StopListening(const sockaddr_in& addr);
-
-  int event_fd() const { return epfd_; }
-  // A host event loop polls event_fd() (SetExternalPolling): the poller
-  // does not spin. While the host called PollNow within kHostActiveUs, the
-  // poller only looks every kBackupUs; otherwise it leaves each event to
-  // the host for kExternalGraceUs before handling it.
-  std::atomic<bool> external_polling{false};
-  std::atomic<uint64_t> last_host_poll_us{0};
-  std::atomic<uint64_t> host_polls{0};  // PollNow calls that found work
-  // Connections waiting for pinned memory (waiting_budget_): a buffer the
-  // reader gives back wakes the poller only while there are any.
-  std::atomic<int> buffer_waiters{0};
-  std::atomic<uint64_t> wakeups{0};  // Wake() calls
-  static constexpr int kExternalGraceUs = 250;
-  static constexpr uint64_t kHostActiveUs = 100000;
-  static constexpr uint64_t kBackupUs = 20000;
-  bool PollNow();
-
-  // Wakes the poller (new fds, budget freed, work queued from other threads).
-  void Wake();
-  // Puts the connection's completion channel in the shared epoll set, or
-  // in the poller's own one while a host polls it, or (gone) in none.
-  void WatchLocked(ConnImpl* c);
-  void UnwatchLocked(ConnImpl* c);
-  // Remembers that a host event loop polled just now (see Engine).
-  void NoteHostPoll() { last_host_poll_us.store(NowMicros(), std::memory_order_relaxed); }
-
-  std::mutex mu;
-  const Options options;
-  PinnedBudget budget;
-
- private:
-  void PollerMain();
-  void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
-  // The events, then connect deadlines and every CQ; true when anything
-  // happened. HandleEventListLocked: the events alone (the shared set's
-  // ones nested in the poller's set among them).
-  bool HandleEventsLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d);
-  void HandleEventListLocked(const epoll_event* evs, int n, bool take_wake, Deferred* d);
-  void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
-  void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
-  std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);
-  bool PollAllLocked(Deferred* d);
-
-  EventChannel events_;
-  std::vector<CmId> listeners_;
-  std::vector<Engine::AcceptFn> accept_fns_;  // indexed like listeners_
-  std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns_;
-  int epfd_ = -1;       // shared with a host loop: CM, wake-ups, connections no host polls
-  int poll_epfd_ = -1;  // the poller's own: epfd_ and the host-polled connections
-  int wake_fd_ = -1;
-  bool stop_ = false;
-  std::thread poller_;
-};
-
 }  // namespace grpc_rdma
 
-#endif  // GRPC_RDMA_SRC_ENGINE_ENGINE_INTERNAL_H_
+#endif  // GRPC_RDMA_SRC_ENGINE_CONNECTION_H_

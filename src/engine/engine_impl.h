@@ -1,0 +1,121 @@
+// File: src/engine/engine_impl.h
+//
+// The engine behind the Engine facade: the registry of connections and
+// listeners, RDMA CM (engine.cc), and the poller (poller.cc).
+//
+// Locking: `mu` guards the registry (connections, listeners), the epoll
+// sets' membership and RDMA CM handling; it is never held across a
+// connection's data path. Order: mu, then a connection's own lock (the CM
+// handling sets connections up and closes them with both held); never the
+// other way. The poller and PollNow take the connections to look at from
+// the registry under mu, then drop it and handle each under its own lock,
+// so a busy connection (a chunk copy, a post) holds up nobody else.
+#ifndef GRPC_RDMA_SRC_ENGINE_ENGINE_IMPL_H_
+#define GRPC_RDMA_SRC_ENGINE_ENGINE_IMPL_H_
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "engine/buffer_pool.h"
+#include "engine/connection.h"
+#include "engine/engine.h"
+#include "verbs/verbs.h"
+
+namespace grpc_rdma {
+
+using ConnList = std::vector<std::shared_ptr<ConnImpl>>;
+
+class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
+ public:
+  explicit EngineImpl(const Options& o);
+  ~EngineImpl();
+  absl::Status Start();
+  // Stops the poller and closes every connection (Engine's destructor);
+  // the memory stays until the last connection and lent chunk are gone.
+  void Shutdown();
+
+  void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
+  absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
+  void StopListening(const sockaddr_in& addr);
+
+  int event_fd() const { return epfd_; }
+  // A host event loop polls event_fd() (SetExternalPolling): the poller
+  // does not spin. While the host called PollNow within kHostActiveUs, the
+  // poller only looks every kBackupUs; otherwise it leaves each event to
+  // the host for kExternalGraceUs before handling it.
+  std::atomic<bool> external_polling{false};
+  std::atomic<uint64_t> last_host_poll_us{0};
+  std::atomic<uint64_t> host_polls{0};  // PollNow calls that found work
+  // Connections waiting for pinned memory: a buffer the reader gives back
+  // wakes the poller only while there are any.
+  std::atomic<int> buffer_waiters{0};
+  std::atomic<uint64_t> wakeups{0};  // Wake() calls
+  static constexpr int kExternalGraceUs = 250;
+  static constexpr uint64_t kHostActiveUs = 100000;
+  static constexpr uint64_t kBackupUs = 20000;
+  bool PollNow();
+
+  // Wakes the poller (new fds, budget freed, work queued from other threads).
+  void Wake();
+  // Puts the connection's completion channel in the shared epoll set, or
+  // in the poller's own one while a host polls it, or (gone) in none.
+  void WatchLocked(ConnImpl* c);
+  void UnwatchLocked(ConnImpl* c);
+  // Remembers that a host event loop polled just now (see Engine).
+  void NoteHostPoll() { last_host_poll_us.store(NowMicros(), std::memory_order_relaxed); }
+
+  std::mutex mu;  // the registry's lock (see above)
+  const Options options;
+  PinnedBudget budget;
+
+ private:
+  // poller.cc
+  void PollerMain();
+  // Handles what epoll reported (with mu held): RDMA CM events, the
+  // wake-up, and the shared set's events nested in the poller's set; the
+  // connections whose channels were reported go into `ready`.
+  void HandleEventListLocked(const epoll_event* evs, int n, bool take_wake, ConnList* ready,
+                             Deferred* d);
+  // Fails connections past their connect deadline (with mu held).
+  void CheckDeadlinesLocked(Deferred* d);
+  // Each connection under its own lock (mu not held): the channel events of
+  // `ready` taken, then every CQ polled dry; `arm`: armed and looked at
+  // once more (what completed before the arm raises no event). True when
+  // anything happened. A connection whose lock is taken is not waited for:
+  // it is left to the lock's holder (ConnImpl::LeavePending), and
+  // `*skipped` says so, so that the poller looks again soon.
+  bool PollConnections(const ConnList& ready, const ConnList& all, bool arm, Deferred* d,
+                       bool* skipped);
+  // The poller's wait after it skipped a busy connection: instead of
+  // epoll (whose level-triggered channels would report it at once, over
+  // and over), a pause on the wake-up descriptor alone.
+  static constexpr int kSkippedRetryMs = 1;
+  ConnList SnapshotLocked() const;
+  // engine.cc
+  void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
+  void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
+  // With mu and the connection's lock held.
+  void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
+  std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);
+  void TakeCmEventsLocked(Deferred* d);
+
+  EventChannel events_;
+  std::vector<CmId> listeners_;
+  std::vector<Engine::AcceptFn> accept_fns_;  // indexed like listeners_
+  std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns_;
+  int epfd_ = -1;       // shared with a host loop: CM, wake-ups, connections no host polls
+  int poll_epfd_ = -1;  // the poller's own: epfd_ and the host-polled connections
+  int wake_fd_ = -1;
+  bool stop_ = false;
+  std::thread poller_;
+};
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_ENGINE_ENGINE_IMPL_H_

@@ -1,0 +1,232 @@
+// The engine's poller thread and the host's polling of the engine's
+// descriptor (Engine::PollNow): who looks at RDMA CM events and at the
+// connections' completion channels, and when.
+//
+// The registry lock (EngineImpl::mu) is held only to read the epoll sets'
+// events, handle RDMA CM events and take a snapshot of the connections;
+// each connection's CQ is then handled under that connection's own lock,
+// with the registry lock dropped (engine_impl.h).
+#include <poll.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "engine/engine_impl.h"
+#include "verbs/status.h"
+
+namespace grpc_rdma {
+namespace {
+
+// epoll tags: the CM channel and the wake fd have fixed ones; a
+// connection's completion channel is tagged with its CM id.
+constexpr uint64_t kTagCm = 1, kTagWake = 2;
+// In the poller's own set: the shared set (epfd_) has something ready.
+constexpr uint64_t kTagShared = 3;
+
+}  // namespace
+
+absl::Status EngineImpl::Start() {
+  ASSIGN_OR_RETURN(events_, CreateEventChannel());
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || wake_fd_ < 0) return ErrnoStatus(errno, "epoll_create1/eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kTagCm;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, events_->fd, &ev);
+  ev.data.u64 = kTagWake;
+  epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  poll_epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (poll_epfd_ < 0) return ErrnoStatus(errno, "epoll_create1");
+  ev.data.u64 = kTagShared;
+  epoll_ctl(poll_epfd_, EPOLL_CTL_ADD, epfd_, &ev);
+  poller_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "rdma-engine");  // for top, gdb, perf
+    PollerMain();
+  });
+  return absl::OkStatus();
+}
+
+void EngineImpl::TakeCmEventsLocked(Deferred* d) {
+  pollfd p{events_->fd, POLLIN, 0};
+  while (poll(&p, 1, 0) == 1) {
+    rdma_cm_event* e = nullptr;
+    if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) break;
+    // Copy what we need, then ack before acting (acting may destroy ids).
+    rdma_cm_event copy = *e;
+    uint8_t pdata[256];
+    if (e->param.conn.private_data && e->param.conn.private_data_len) {
+      size_t n = std::min<size_t>(e->param.conn.private_data_len, sizeof(pdata));
+      memcpy(pdata, e->param.conn.private_data, n);
+      copy.param.conn.private_data = pdata;
+      copy.param.conn.private_data_len = static_cast<uint8_t>(n);
+    }
+    rdma_ack_cm_event(e);
+    HandleCmEventLocked(&copy, d);
+  }
+}
+
+// The poller thread and PollNow (a host event loop) may both be woken for
+// the same event: whoever comes second finds it gone, so nothing here
+// blocks on a source without checking it is readable first.
+void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_wake,
+                                       ConnList* ready, Deferred* d) {
+  for (int i = 0; i < n; ++i) {
+    uint64_t tag = evs[i].data.u64;
+    if (tag == kTagShared) {
+      epoll_event shared[64];
+      int m = epoll_wait(epfd_, shared, 64, 0);
+      if (m > 0) HandleEventListLocked(shared, m, take_wake, ready, d);
+    } else if (tag == kTagWake) {
+      if (!take_wake) continue;  // the poller's: it may be waiting for it
+      uint64_t v;
+      (void)!read(wake_fd_, &v, sizeof(v));
+    } else if (tag == kTagCm) {
+      TakeCmEventsLocked(d);
+    } else if (auto c = Find(reinterpret_cast<rdma_cm_id*>(tag))) {
+      ready->push_back(std::move(c));
+    }
+  }
+}
+
+bool EngineImpl::PollConnections(const ConnList& ready, const ConnList& all, bool arm,
+                                 Deferred* d, bool* skipped) {
+  size_t before = d->size();
+  int seen = 0;
+  ConnList busy;
+  for (const auto& c : ready) {
+    std::unique_lock<std::mutex> l(c->mu(), std::try_to_lock);
+    if (l.owns_lock()) c->TakeEventsLocked();
+    else busy.push_back(c);
+  }
+  for (const auto& c : all) {
+    std::unique_lock<std::mutex> l(c->mu(), std::try_to_lock);
+    if (!l.owns_lock()) {
+      busy.push_back(c);
+      continue;
+    }
+    seen += c->HandleCqLocked(d);
+    if (arm) {
+      c->ArmCqLocked();
+      seen += c->HandleCqLocked(d);
+    }
+  }
+  // Busy: in a copy, a post or another thread's look at its CQ. Waiting
+  // for it would hold up every other connection; its holder looks at the
+  // CQ when it lets go (or we do, if it has let go by now).
+  for (const auto& c : busy) c->LeavePending();
+  if (skipped != nullptr) *skipped |= !busy.empty();
+  return seen > 0 || d->size() > before;
+}
+
+bool EngineImpl::PollNow() {
+  NoteHostPoll();
+  epoll_event evs[64];
+  Deferred d;
+  bool did = false;
+  ConnList ready, all;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    if (stop_) return false;
+    int n;
+    do {  // all of it: what stays ready inner raises no new edge outside
+      n = epoll_wait(epfd_, evs, 64, 0);
+      HandleEventListLocked(evs, n, /*take_wake=*/false, &ready, &d);
+      did |= n > 0;
+    } while (n == 64);
+    CheckDeadlinesLocked(&d);
+    all = SnapshotLocked();
+  }
+  // The event loop goes back to waiting on event_fd(): every CQ handled,
+  // armed so the next completion raises an event, and looked at once more.
+  did |= PollConnections(ready, all, /*arm=*/true, &d, nullptr);
+  did |= !d.empty();
+  for (auto& f : d) f();
+  if (did) host_polls.fetch_add(1, std::memory_order_relaxed);
+  return did;
+}
+
+void EngineImpl::PollerMain() {
+  const bool busy = options.poll_mode == PollMode::kBusy;
+  const bool adaptive = options.poll_mode == PollMode::kAdaptive;
+  uint64_t last_active = NowMicros();
+  epoll_event evs[64];
+  bool skipped = false;  // the last sweep left a busy connection to its holder
+  for (;;) {
+    // Idle: block until an armed CQ, the CM or a wake-up says something
+    // (no periodic wake-ups: an idle connection costs nothing).
+    int timeout = -1;
+    const bool external = external_polling.load(std::memory_order_relaxed);
+    if (busy || (adaptive && !external &&
+                 NowMicros() - last_active < static_cast<uint64_t>(options.spin_us)))
+      timeout = 0;
+    Deferred early;
+    {
+      ConnList all;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        if (stop_) return;
+        bool deadline = false;
+        for (auto& [id, c] : conns_) deadline |= c->connect_deadline_us != 0;
+        if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
+        if (timeout != 0) all = SnapshotLocked();
+      }
+      // About to block: arm every CQ, then look once more: a completion
+      // that came in before the arm raises no event.
+      if (timeout != 0 && PollConnections({}, all, /*arm=*/true, &early, &skipped)) timeout = 0;
+    }
+    for (auto& f : early) f();
+    early.clear();
+    int n;
+    uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_relaxed);
+    if (skipped && timeout != 0) {
+      // A busy connection's channel may stay readable until its holder
+      // lets go: pause instead of letting epoll report it over and over.
+      skipped = false;
+      pollfd p{wake_fd_, POLLIN, 0};
+      poll(&p, 1, kSkippedRetryMs);
+      n = epoll_wait(poll_epfd_, evs, 64, 0);
+    } else if (external && timeout != 0 && since_host < kHostActiveUs) {
+      // The host loop is polling (it called PollNow lately): it handles
+      // events, on the threads that wait for them. Waking this thread for
+      // each would cost a thread switch per message; look only every
+      // kBackupUs, in case the host stops polling.
+      pollfd p{wake_fd_, POLLIN, 0};
+      int ms = static_cast<int>(kBackupUs / 1000);
+      if (timeout > 0 && timeout < ms) ms = timeout;
+      poll(&p, 1, ms);
+      n = epoll_wait(poll_epfd_, evs, 64, 0);
+    } else {
+      // Everything: the shared set and the host-polled connections.
+      n = epoll_wait(poll_epfd_, evs, 64, timeout);
+      if (n > 0 && external && timeout != 0) {
+        // The host loop was woken too: let its thread, the one that waits
+        // for what this event brings, handle it; step in only if it has
+        // not within the grace (nobody is polling there).
+        std::this_thread::sleep_for(std::chrono::microseconds(kExternalGraceUs));
+        n = epoll_wait(poll_epfd_, evs, 64, 0);
+      }
+    }
+    Deferred d;
+    {
+      ConnList ready, all;
+      {
+        std::lock_guard<std::mutex> g(mu);
+        if (stop_) return;
+        HandleEventListLocked(evs, n, /*take_wake=*/true, &ready, &d);
+        CheckDeadlinesLocked(&d);
+        all = SnapshotLocked();
+      }
+      if (PollConnections(ready, all, /*arm=*/false, &d, &skipped) || n > 0 || !d.empty())
+        last_active = NowMicros();
+    }
+    for (auto& f : d) f();
+  }
+}
+
+}  // namespace grpc_rdma

@@ -1,0 +1,278 @@
+// The receive path of one connection: messages and chunks from the peer,
+// each field checked before use (docs/wire-protocol.md), the grants we
+// make for the peer's writes, and the reader's queue.
+#include <arpa/inet.h>
+#include <string.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "engine/connection.h"
+#include "engine/engine_impl.h"
+#include "engine/plan.h"
+
+namespace grpc_rdma {
+namespace {
+
+constexpr uint64_t kMaxTransfer = 1ull << 40;
+
+}  // namespace
+
+// ------------------------------------------------------------- RecvChunk ---
+
+RecvChunk::RecvChunk(RecvChunk&& o) noexcept { *this = std::move(o); }
+
+RecvChunk& RecvChunk::operator=(RecvChunk&& o) noexcept {
+  if (this == &o) return *this;
+  if (release_) release_();
+  owned_ = std::move(o.owned_);
+  release_ = std::move(o.release_);
+  o.release_ = nullptr;
+  size_ = o.size_;
+  data_ = release_ ? o.data_ : owned_.data();
+  o.data_ = nullptr;
+  o.size_ = 0;
+  return *this;
+}
+
+RecvChunk::~RecvChunk() {
+  if (release_) release_();
+}
+
+RecvChunk RecvChunk::Owned(std::string bytes) {
+  RecvChunk c;
+  c.owned_ = std::move(bytes);
+  c.data_ = c.owned_.data();
+  c.size_ = c.owned_.size();
+  return c;
+}
+
+RecvChunk RecvChunk::Lent(const char* data, size_t size, std::function<void()> release) {
+  RecvChunk c;
+  c.data_ = data;
+  c.size_ = size;
+  c.release_ = std::move(release);
+  return c;
+}
+
+// ------------------------------------------------------------- receives ---
+
+bool ConnImpl::PostRecvLocked(size_t index) {
+  PinnedBuffer* b = recv_bufs_[index];
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size), b->reg.lkey};
+  ibv_recv_wr wr{}, *bad = nullptr;
+  wr.wr_id = kRecvBit | index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
+}
+
+// The receive is handled: post it again, and owe the peer its credit.
+void ConnImpl::RepostLocked(size_t index, Deferred* d) {
+  if (!PostRecvLocked(index)) {
+    CloseLocked(absl::InternalError("ibv_post_recv failed"), d, true);
+    return;
+  }
+  flow_.Reposted();
+}
+
+void ConnImpl::DeliverLocked(Deferred* d) {
+  if (!pending_read_) return;
+  if (!ready_.empty()) {
+    std::vector<RecvChunk> out;
+    while (!ready_.empty()) {
+      out.push_back(std::move(ready_.front()));
+      ready_.pop_front();
+    }
+    ReadDone cb = std::move(pending_read_);
+    pending_read_ = nullptr;
+    auto shared = std::make_shared<std::vector<RecvChunk>>(std::move(out));
+    d->push_back([cb, shared] { cb(std::move(*shared)); });
+    return;
+  }
+  if (state_ == State::kClosed || peer_closed_) {
+    absl::Status s = state_ == State::kClosed ? close_status_
+                                              : absl::UnavailableError("closed by the peer");
+    ReadDone cb = std::move(pending_read_);
+    pending_read_ = nullptr;
+    d->push_back([cb, s] { cb(s); });
+  }
+}
+
+void ConnImpl::Violation(const char* what, Deferred* d) {
+  fprintf(stderr, "grpc_rdma: connection %s: the peer broke the protocol (%s); closing it\n",
+          peer_.c_str(), what);
+  CloseLocked(absl::UnavailableError(absl::StrCat("peer broke the protocol: ", what)), d, true);
+}
+
+void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
+  size_t index = wc.wr_id & ~kRecvBit;
+  if (index >= recv_bufs_.size()) return Violation("unknown receive", d);
+  PinnedBuffer* b = recv_bufs_[index];
+  if (wc.byte_len < wire::kHeaderBytes) return Violation("message shorter than a header", d);
+  wire::Header h;
+  memcpy(&h, b->data, sizeof(h));
+  if (h.version != wire::kVersion) return Violation("unknown protocol version", d);
+  if (!flow_.Return(h.credits)) return Violation("more credits than receives posted", d);
+  switch (h.type) {
+    case wire::kData:
+      if (h.len == 0 || h.len != wc.byte_len - wire::kHeaderBytes ||
+          h.len > engine_->options.acc_size)
+        return Violation("bad data length", d);
+      if (in_active_) return Violation("data in the middle of a rendezvous", d);
+      ready_.push_back(RecvChunk::Owned(std::string(b->data + wire::kHeaderBytes, h.len)));
+      stats_.bytes_received += h.len;
+      break;
+    case wire::kRts:
+      if (in_active_ || h.a == 0 || h.a > kMaxTransfer) return Violation("bad rendezvous", d);
+      in_active_ = true;
+      in_total_ = h.a;
+      in_received_ = in_granted_ = 0;
+      break;
+    case wire::kCts: {
+      if (writes_.empty() || !writes_.front().rts_sent) return Violation("grant for nothing", d);
+      const WriteOp& op = writes_.front();
+      if (h.offset != out_next_offset_ || h.len == 0 || h.len > engine_->options.chunk_size ||
+          h.offset + h.len > op.total)
+        return Violation("grant out of order or out of bounds", d);
+      out_grants_.push_back(OutGrant{h.offset, h.a, h.len, h.rkey, h.grant});
+      out_next_offset_ += h.len;
+      break;
+    }
+    case wire::kStanding:
+      if (h.len <= peer_acc_ || h.len > engine_->options.chunk_size ||
+          standing_in_.size() >= static_cast<size_t>(plan::kStandingGrants))
+        return Violation("bad standing grant", d);
+      standing_in_.push_back(OutGrant{0, h.a, h.len, h.rkey, h.grant});
+      break;
+    case wire::kCredit:
+      break;
+    case wire::kClose:
+      peer_closed_ = true;
+      break;
+    default:
+      return Violation("unknown message type", d);
+  }
+  RepostLocked(index, d);
+}
+
+void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
+  size_t index = wc.wr_id & ~kRecvBit;
+  uint32_t grant = ntohl(wc.imm_data);
+  auto it = landings_.find(grant);
+  if (index >= recv_bufs_.size() || it == landings_.end())
+    return Violation("chunk for no grant", d);
+  Landing land = it->second;
+  if (land.standing) {
+    // One whole message, above the eager limit, within the grant, and not
+    // in the middle of an announced transfer.
+    if (wc.byte_len <= engine_->options.acc_size || wc.byte_len > land.len || in_active_)
+      return Violation("bad write into a standing grant", d);
+    land.len = wc.byte_len;
+    --standing_out_;
+  } else if (wc.byte_len != land.len) {
+    return Violation("chunk of the wrong length", d);
+  }
+  landings_.erase(it);
+  // Lend the buffer to the reader, unless pinned memory runs short: then
+  // copy and give it back, so a reader that holds data (gRPC keeps a whole
+  // message) can never starve the transfer of buffers.
+  uint64_t used = engine_->budget.used(), cap = engine_->budget.cap();
+  if (used > cap / 4 * 3) {
+    ready_.push_back(RecvChunk::Owned(std::string(land.buf->data, land.len)));
+    remote_pool_->Put(land.buf);
+    ++stats_.chunks_copied;
+  } else {
+    PinnedBuffer* buf = land.buf;
+    std::shared_ptr<BufferPool> pool = remote_pool_;
+    std::shared_ptr<EngineImpl> eng = engine_;  // the pool's budget lives there
+    // Back to the pool (thread-safe), and wake the poller if a connection
+    // waits for pinned memory (docs/design.md: a wake-up per chunk
+    // otherwise). Captures are destroyed in reverse order: `eng` is listed
+    // first so the pool (whose destructor releases into the engine's
+    // budget) always goes before the engine.
+    ready_.push_back(RecvChunk::Lent(land.buf->data, land.len, [eng, pool, buf] {
+      pool->Put(buf);
+      if (eng->buffer_waiters.load() > 0) eng->Wake();
+    }));
+    ++stats_.chunks_zero_copy;
+  }
+  stats_.bytes_received += land.len;
+  if (!land.standing) {
+    in_received_ += land.len;
+    if (in_received_ == in_total_) in_active_ = false;
+  }
+  RepostLocked(index, d);
+}
+
+// ---------------------------------------------------------------- grants ---
+
+// Keeps plan::kStandingGrants landing buffers granted to the peer ahead of
+// time (only from memory the budget has to spare: never waits for it).
+void ConnImpl::IssueStandingGrantsLocked() {
+  uint32_t len = plan::StandingBytes(grant_limit_, engine_->options.acc_size);
+  if (len == 0) return;  // every such message is eager anyway
+  // The peer's receives are for data and for the grants of announced
+  // transfers too: standing grants (held until used) take at most half.
+  while (standing_out_ < peer_standing_ && flow_.RoomForStandingGrant()) {
+    // Held until the peer uses them: only from a budget three quarters
+    // free, so standing grants (across all connections) can never take the
+    // memory announced transfers need to make progress.
+    if (engine_->budget.used() + len > engine_->budget.cap() / 4) return;
+    absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
+    if (!b.ok() || *b == nullptr) return;
+    uint32_t id = next_grant_++;
+    wire::Header h{};
+    h.type = wire::kStanding;
+    h.len = len;
+    h.a = reinterpret_cast<uint64_t>((*b)->data);
+    h.rkey = (*b)->reg.rkey;
+    h.grant = id;
+    if (!SendControlLocked(h)) {
+      remote_pool_->Put(*b);
+      return;
+    }
+    landings_[id] = Landing{*b, len, true};
+    ++standing_out_;
+  }
+}
+
+void ConnImpl::IssueGrantsLocked(Deferred* d) {
+  const Options& o = engine_->options;
+  // Standing grants are landings too, but outside TF_RDMA_CHUNKS_IN_FLIGHT:
+  // counted in, they could take every slot and the transfer would wait for
+  // ever (the peer writes an announced message only into its grants).
+  const uint64_t piece = plan::PieceSize(in_total_, grant_limit_, o.chunks_in_flight);
+  while (in_active_ && flow_.CanSendData()) {
+    uint64_t left = in_total_ - in_granted_;
+    int in_flight = static_cast<int>(landings_.size()) - standing_out_;
+    if (!plan::MayGrant(in_flight, o.chunks_in_flight, left)) break;
+    uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(piece, left));
+    PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
+    if (buf == nullptr) return;  // granted again when pinned memory comes back
+    uint32_t id = next_grant_++;
+    wire::Header h{};
+    h.type = wire::kCts;
+    h.len = len;
+    h.a = reinterpret_cast<uint64_t>(buf->data);
+    h.rkey = buf->reg.rkey;
+    h.grant = id;
+    h.offset = in_granted_;
+    if (!SendControlLocked(h)) {
+      remote_pool_->Put(buf);
+      if (flow_.HasSendSlot())
+        CloseLocked(absl::InternalError("ibv_post_send(CTS) failed"), d, true);
+      return;
+    }
+    landings_[id] = Landing{buf, len};
+    in_granted_ += len;
+  }
+  // Also during an announced transfer: the peer uses a standing grant only
+  // for a message after it (in order on the QP, so it lands after the
+  // transfer's last chunk). Held back until the transfer ended, they were
+  // all used up in a stream of mid-size messages (docs/design.md).
+  if (state_ == State::kUp) IssueStandingGrantsLocked();
+}
+
+}  // namespace grpc_rdma

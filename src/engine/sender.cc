@@ -1,0 +1,248 @@
+// The send path of one connection: eager coalescing under credits, whole
+// messages into the peer's standing grants, announced transfers (RTS, then
+// chunks into the peer's grants), and credit updates.
+#include <arpa/inet.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/connection.h"
+#include "engine/engine_impl.h"
+
+namespace grpc_rdma {
+
+bool ConnImpl::SendControlLocked(wire::Header h) {
+  if (!flow_.HasSendSlot()) return false;
+  h.version = static_cast<uint8_t>(wire::kVersion);
+  h.credits = flow_.owed();
+  ibv_sge sge{reinterpret_cast<uint64_t>(&h), sizeof(h), 0};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return false;
+  flow_.Told(h.credits);  // only once they are on their way
+  flow_.Sent();
+  return true;
+}
+
+void ConnImpl::CopyOut(WriteOp& op, size_t offset, char* to, size_t len) {
+  for (const iovec& v : op.iov) {
+    if (len == 0) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    size_t n = std::min(len, v.iov_len - offset);
+    memcpy(to, static_cast<char*>(v.iov_base) + offset, n);
+    to += n;
+    len -= n;
+    offset = 0;
+  }
+}
+
+PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d) {
+  absl::StatusOr<PinnedBuffer*> b = pool.Get(size);
+  if (!b.ok()) {
+    CloseLocked(b.status(), d, true);
+    return nullptr;
+  }
+  if (*b == nullptr && !waiting_budget_) {
+    // Backpressure: the poller runs this connection again when pinned
+    // memory comes back. One waiter at a time, for the size Get reserves.
+    waiting_budget_ = true;
+    // Counted, then one more try: a buffer a reader gave back just before
+    // the count went up (and so woke nobody) is found now.
+    engine_->buffer_waiters.fetch_add(1);
+    b = pool.Get(size);
+    if (!b.ok() || *b != nullptr) {
+      waiting_budget_ = false;
+      engine_->buffer_waiters.fetch_sub(1);
+      if (b.ok()) return *b;
+      CloseLocked(b.status(), d, true);
+      return nullptr;
+    }
+    engine_->budget.NotifyWhenAvailable(
+        BufferPool::ClassFor(size), [w = std::weak_ptr<ConnImpl>(weak_from_this())] {
+          if (auto c = w.lock()) {
+            c->budget_woken_ = true;
+            c->engine_->Wake();
+          }
+        });
+  }
+  return *b;
+}
+
+void ConnImpl::ReleaseInflightLocked(uint64_t wr_id) {
+  auto it = inflight_.find(wr_id);
+  if (it == inflight_.end()) return;
+  local_pool_->Put(it->second);
+  inflight_.erase(it);
+}
+
+// Coalesces the small writes at the head of the queue into one SEND.
+bool ConnImpl::SendEagerLocked(Deferred* d) {
+  PinnedBuffer* buf = GetOrWaitLocked(*local_pool_, eager_limit_ + wire::kHeaderBytes, d);
+  if (buf == nullptr) return false;
+  char* p = buf->data + wire::kHeaderBytes;
+  size_t len = 0;
+  int ops = 0;
+  while (!writes_.empty() && len < eager_limit_) {
+    WriteOp& op = writes_.front();
+    if (op.total > eager_limit_) break;  // a large write goes by rendezvous
+    size_t n = std::min(op.total - op.copied, eager_limit_ - len);
+    CopyOut(op, op.copied, p + len, n);
+    op.copied += n;
+    len += n;
+    ++ops;
+    if (op.copied < op.total) break;
+    WriteDone cb = std::move(op.done);
+    d->push_back([cb] { cb(absl::OkStatus()); });
+    writes_.pop_front();
+  }
+  wire::Header h{};
+  h.type = wire::kData;
+  h.version = static_cast<uint8_t>(wire::kVersion);
+  h.len = static_cast<uint32_t>(len);
+  h.credits = flow_.owed();
+  memcpy(buf->data, &h, sizeof(h));
+  ibv_sge sge{reinterpret_cast<uint64_t>(buf->data), static_cast<uint32_t>(len + sizeof(h)),
+              buf->reg.lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    local_pool_->Put(buf);
+    CloseLocked(absl::InternalError("ibv_post_send failed"), d, true);
+    return false;
+  }
+  flow_.Told(h.credits);
+  inflight_[wr.wr_id] = buf;
+  flow_.Sent();
+  stats_.bytes_sent += len;
+  ++stats_.eager_messages;
+  if (ops > 1) stats_.coalesced_writes += ops;
+  return true;
+}
+
+// Posts `len` bytes of staging buffer `b` (taken: it goes back to the pool
+// when the write completes, or now if the post fails) as an RDMA WRITE
+// WITH IMMEDIATE into the peer's grant `g`. On failure the connection is
+// closed.
+bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g,
+                                      Deferred* d) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), len, b->reg.lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  wr.imm_data = htonl(g.grant);
+  wr.wr.rdma.remote_addr = g.addr;
+  wr.wr.rdma.rkey = g.rkey;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    local_pool_->Put(b);
+    CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
+    return false;
+  }
+  inflight_[wr.wr_id] = b;
+  flow_.Sent();
+  return true;
+}
+
+// Writes one granted chunk of the rendezvous at the head of the queue.
+bool ConnImpl::WriteChunkLocked(Deferred* d) {
+  OutGrant g = out_grants_.front();
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
+  if (b == nullptr) return false;
+  out_grants_.pop_front();
+  WriteOp& op = writes_.front();
+  CopyOut(op, g.offset, b->data, g.len);
+  if (!PostGrantedWriteLocked(b, g.len, g, d)) return false;
+  op.copied += g.len;
+  stats_.bytes_sent += g.len;
+  if (op.copied == op.total) {
+    WriteDone cb = std::move(op.done);
+    d->push_back([cb] { cb(absl::OkStatus()); });
+    writes_.pop_front();
+    out_next_offset_ = 0;
+  }
+  return true;
+}
+
+// Writes the whole message at the head of the queue into the peer's
+// oldest standing grant.
+bool ConnImpl::WriteStandingLocked(Deferred* d) {
+  WriteOp& op = writes_.front();
+  OutGrant g = standing_in_.front();
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, op.total, d);
+  if (b == nullptr) return false;
+  standing_in_.pop_front();
+  CopyOut(op, 0, b->data, op.total);
+  if (!PostGrantedWriteLocked(b, static_cast<uint32_t>(op.total), g, d)) return false;
+  op.copied = op.total;
+  stats_.bytes_sent += op.total;
+  ++stats_.rendezvous;
+  ++stats_.standing_writes;
+  WriteDone cb = std::move(op.done);
+  d->push_back([cb] { cb(absl::OkStatus()); });
+  writes_.pop_front();
+  return true;
+}
+
+void ConnImpl::PumpLocked(Deferred* d) {
+  if (budget_woken_.exchange(false) && waiting_budget_) {
+    waiting_budget_ = false;
+    engine_->buffer_waiters.fetch_sub(1);
+  }
+  // The credit rule (flow.h): data needs two credits, so one of the peer's
+  // receives stays for control messages.
+  for (;;) {
+    if (state_ != State::kUp) return;
+    IssueGrantsLocked(d);
+    if (state_ != State::kUp) return;
+    if (!flow_.HasSendSlot()) break;  // completions will free slots and pump again
+    if (!out_grants_.empty() && flow_.CanSendData()) {
+      if (!WriteChunkLocked(d)) break;
+      continue;
+    }
+    if (writes_.empty() || !flow_.CanSendData()) break;
+    WriteOp& op = writes_.front();
+    if (op.total > peer_acc_ && !op.rts_sent && op.copied == 0 && !standing_in_.empty() &&
+        op.total <= standing_in_.front().len) {
+      if (!WriteStandingLocked(d)) break;
+      continue;
+    }
+    if (op.total > eager_limit_) {
+      if (op.rts_sent) break;  // waiting for grants
+      wire::Header h{};
+      h.type = wire::kRts;
+      h.a = op.total;
+      if (!SendControlLocked(h)) {
+        CloseLocked(absl::InternalError("ibv_post_send(RTS) failed"), d, true);
+        return;
+      }
+      op.rts_sent = true;
+      out_next_offset_ = 0;
+      ++stats_.rendezvous;
+      continue;
+    }
+    if (!SendEagerLocked(d)) break;
+  }
+  // Nothing to say but credits, and the peer may be waiting for them.
+  if (state_ == State::kUp && flow_.UpdateDue(engine_->options.eager_depth)) {
+    wire::Header h{};
+    h.type = wire::kCredit;
+    if (SendControlLocked(h)) ++stats_.credit_messages;
+    else CloseLocked(absl::InternalError("ibv_post_send(CREDIT) failed"), d, true);
+  }
+}
+
+}  // namespace grpc_rdma
