@@ -66,6 +66,12 @@ struct Stats {
   uint64_t rendezvous_pre_granted = 0;  // ... written at once into a standing grant
   uint64_t chunks_zero_copy = 0;
   uint64_t chunks_copied = 0;
+  // Host copies of stream bytes, RDMA connections: on send, application
+  // bytes into registered buffers; on receive, bytes out of registered
+  // buffers (the engine's and the endpoint's). A copy per byte each way is
+  // bytes_copied_on_send == bytes_sent; zero-copy paths add nothing.
+  uint64_t bytes_copied_on_send = 0;
+  uint64_t bytes_copied_on_receive = 0;
   // Registered (pinned) memory in use now, bytes.
   uint64_t pinned_bytes = 0;
   // Times a gRPC polling thread found RDMA work and did it itself (the fast

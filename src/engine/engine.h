@@ -76,6 +76,11 @@ struct ConnectionStats {
   uint64_t chunks_zero_copy = 0;   // received chunks lent to the reader
   uint64_t chunks_copied = 0;      // received chunks copied (pool was short)
   uint64_t credit_messages = 0;    // explicit credit updates sent
+  // Host copies of stream bytes made by the engine: application data into
+  // registered staging buffers (eager and rendezvous), and received bytes
+  // out of registered buffers (eager messages, chunks copied).
+  uint64_t bytes_copied_on_send = 0;
+  uint64_t bytes_copied_on_receive = 0;
 };
 
 class Connection {

@@ -218,6 +218,32 @@ TEST(Engine, APoolMuchSmallerThanTheDataIsBackpressureNotFailure) {
   p.Close();
 }
 
+// The copy counters: a small message is copied once on each side (into the
+// staging buffer, out of the receive buffer); a large one once on send and
+// not at all on receive while its chunks are lent to the reader.
+TEST(Engine, CountsTheBytesItCopies) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s);
+  std::string small = Pattern(1000, 1), big = Pattern(2 << 20, 2);
+  ASSERT_TRUE(WriteAll(*p.c, small).ok());
+  ASSERT_TRUE(at_server.WaitFor(small.size()));
+  EXPECT_EQ(p.c->stats().bytes_copied_on_send, small.size());
+  EXPECT_EQ(p.s->stats().bytes_copied_on_receive, small.size());
+  uint64_t lent_before = p.s->stats().chunks_zero_copy;
+  ASSERT_TRUE(WriteAll(*p.c, big).ok());
+  ASSERT_TRUE(at_server.WaitFor(small.size() + big.size()));
+  EXPECT_TRUE(at_server.data() == small + big);
+  ConnectionStats c = p.c->stats(), s = p.s->stats();
+  EXPECT_EQ(c.bytes_copied_on_send, small.size() + big.size());
+  EXPECT_GT(s.chunks_zero_copy, lent_before);
+  EXPECT_EQ(s.chunks_copied, 0u);
+  EXPECT_EQ(s.bytes_copied_on_receive, small.size()) << "lent chunks are not copied";
+  EXPECT_EQ(c.bytes_copied_on_receive, 0u);
+  EXPECT_EQ(s.bytes_copied_on_send, 0u);
+  p.Close();
+}
+
 // A landing buffer lent to the reader goes back to the pool when the
 // reader lets go of it; that wakes the poller thread only if a connection
 // waits for pinned memory (it used to, each time: a thread switch per

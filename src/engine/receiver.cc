@@ -123,6 +123,7 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
       if (in_active_) return Violation("data in the middle of a rendezvous", d);
       ready_.push_back(RecvChunk::Owned(std::string(b->data + wire::kHeaderBytes, h.len)));
       stats_.bytes_received += h.len;
+      stats_.bytes_copied_on_receive += h.len;
       break;
     case wire::kRts:
       if (in_active_ || h.a == 0 || h.a > kMaxTransfer) return Violation("bad rendezvous", d);
@@ -183,6 +184,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     ready_.push_back(RecvChunk::Owned(std::string(land.buf->data, land.len)));
     remote_pool_->Put(land.buf);
     ++stats_.chunks_copied;
+    stats_.bytes_copied_on_receive += land.len;
   } else {
     PinnedBuffer* buf = land.buf;
     std::shared_ptr<BufferPool> pool = remote_pool_;

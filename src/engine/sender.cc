@@ -30,6 +30,7 @@ bool ConnImpl::SendControlLocked(wire::Header h) {
 }
 
 void ConnImpl::CopyOut(WriteOp& op, size_t offset, char* to, size_t len) {
+  stats_.bytes_copied_on_send += len;
   for (const iovec& v : op.iov) {
     if (len == 0) break;
     if (offset >= v.iov_len) {

@@ -52,7 +52,10 @@ std::string GrpcAddress(const std::string& engine_address) {
 }
 
 grpc_slice ToSlice(RecvChunk chunk) {
-  if (chunk.size() < kCopyBelow) return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
+  if (chunk.size() < kCopyBelow) {
+    GlobalCounters().endpoint_bytes_copied.fetch_add(chunk.size(), std::memory_order_relaxed);
+    return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
+  }
   auto* held = new RecvChunk(std::move(chunk));
   return grpc_slice_new_with_user_data(const_cast<char*>(held->data()), held->size(),
                                        [](void* p) { delete static_cast<RecvChunk*>(p); },

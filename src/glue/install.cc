@@ -201,6 +201,8 @@ Stats GetStats() {
   s.rendezvous_pre_granted = t.standing_writes;
   s.chunks_zero_copy = t.chunks_zero_copy;
   s.chunks_copied = t.chunks_copied;
+  s.bytes_copied_on_send = t.bytes_copied_on_send;
+  s.bytes_copied_on_receive = t.bytes_copied_on_receive + c.endpoint_bytes_copied;
   if (Runtime* rt = Runtime::Get()) {
     s.rdma_unavailable = rt->unavailable();
     s.pinned_bytes = rt->pinned_bytes();
@@ -226,6 +228,8 @@ std::string StatsJson(const Stats& s) {
       ",\"coalesced_writes\":", s.coalesced_writes, ",\"rendezvous\":", s.rendezvous,
       ",\"rendezvous_pre_granted\":", s.rendezvous_pre_granted,
       ",\"chunks_zero_copy\":", s.chunks_zero_copy, ",\"chunks_copied\":", s.chunks_copied,
+      ",\"bytes_copied_on_send\":", s.bytes_copied_on_send,
+      ",\"bytes_copied_on_receive\":", s.bytes_copied_on_receive,
       ",\"pinned_bytes\":", s.pinned_bytes, ",\"grpc_thread_polls\":", s.grpc_thread_polls,
       ",\"rdma_unavailable\":\"", why, "\"}");
 }

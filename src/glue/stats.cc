@@ -17,6 +17,8 @@ void Add(ConnectionStats* t, const ConnectionStats& s) {
   t->chunks_zero_copy += s.chunks_zero_copy;
   t->chunks_copied += s.chunks_copied;
   t->credit_messages += s.credit_messages;
+  t->bytes_copied_on_send += s.bytes_copied_on_send;
+  t->bytes_copied_on_receive += s.bytes_copied_on_receive;
 }
 
 struct Registry {

@@ -16,6 +16,8 @@ namespace grpc_rdma {
 struct Counters {
   std::atomic<uint64_t> rdma_client{0}, rdma_server{0}, tcp_client{0}, tcp_server{0};
   std::atomic<uint64_t> rdma_open{0}, fallbacks{0}, fallbacks_remembered{0};
+  // Received bytes the endpoint copied into gRPC slices (small chunks).
+  std::atomic<uint64_t> endpoint_bytes_copied{0};
 };
 
 Counters& GlobalCounters();
