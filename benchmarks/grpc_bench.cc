@@ -10,8 +10,15 @@
 // Suites (one JSON object per line on stdout):
 //   latency  --sizes 1,64,...   unary ping-pong: p50, p99 (microseconds)
 //   stream   --sizes 65536,...  client streaming to a sink: MB/s
+//            (both, with the plugin in the process: host copies per byte
+//            sent and received, from its counters)
 //   rate     --clients N        N channels, one thread each, 64 B unary
 //                               calls: calls per second
+//   connect                     a new channel per call, each closed after
+//                               its first 64 B unary call: p50, p99 of that
+//                               first call, connection set-up included
+//                               (what a short-lived client or a new worker
+//                               meets; microseconds)
 //   ps       --model resnet50|vgg16 --workers W --steps S
 //            parameter-server training traffic: each step every worker
 //            sends each variable's gradient and gets the parameter back
@@ -35,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -148,6 +156,24 @@ std::string CpuJson(const Args& a, const CpuMark& m0, const CpuMark& m1, double 
   return buf;
 }
 
+// ,"copies_per_byte_sent":X,"copies_per_byte_received":Y: host copies of
+// stream bytes (grpc-rdma's counters, this process) per stream byte sent and
+// received between two snapshots; nothing when the plugin is not in the
+// process.
+std::string CopiesJson(const std::map<std::string, int64_t>& a,
+                       const std::map<std::string, int64_t>& b) {
+  auto d = [&](const char* k) {
+    auto i = a.find(k), j = b.find(k);
+    return (i == a.end() || j == b.end()) ? 0.0 : static_cast<double>(j->second - i->second);
+  };
+  if (a.empty() || !(d("bytes_sent") > 0) || !(d("bytes_received") > 0)) return "";
+  char buf[128];
+  snprintf(buf, sizeof(buf), ",\"copies_per_byte_sent\":%.3f,\"copies_per_byte_received\":%.3f",
+           d("bytes_copied_on_send") / d("bytes_sent"),
+           d("bytes_copied_on_receive") / d("bytes_received"));
+  return buf;
+}
+
 class Bench {
  public:
   explicit Bench(const Args& a) : a_(a) {
@@ -182,6 +208,7 @@ class Bench {
       // steady state (pollers, buffer pools, HTTP/2 windows) is reached.
       auto warm = Clock::now() + std::chrono::milliseconds(250);
       for (int i = 0; i < 20 || Clock::now() < warm; ++i) call();
+      auto copies0 = grpc_rdma_test::RdmaStats();
       std::vector<double> us;
       auto end = Clock::now() + std::chrono::duration<double>(a_.seconds);
       while ((Clock::now() < end || us.size() < 20) && us.size() < 200000) {
@@ -191,8 +218,10 @@ class Bench {
       }
       if (resp.data() != req.data()) Die("unary " + std::to_string(n) + " B came back different");
       std::sort(us.begin(), us.end());
-      printf("{\"suite\":\"latency\",\"size\":%zu,\"n\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", n,
-             us.size(), us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+      std::string copies = CopiesJson(copies0, grpc_rdma_test::RdmaStats());
+      printf("{\"suite\":\"latency\",\"size\":%zu,\"n\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f%s}\n",
+             n, us.size(), us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)],
+             copies.c_str());
       fflush(stdout);
     }
   }
@@ -229,12 +258,14 @@ class Bench {
       // estimate, and streaming over RDMA took about a second to reach its
       // steady rate here (0.34-0.80 GB/s in 1 s runs, 2.2 GB/s over 3 s).
       once(std::max(0.5, a_.seconds));
+      auto copies0 = grpc_rdma_test::RdmaStats();
       CpuMark m0 = MarkCpu(a_);
       double mb_per_s = once(a_.seconds);
       CpuMark m1 = MarkCpu(a_);
+      std::string copies = CopiesJson(copies0, grpc_rdma_test::RdmaStats());
       // CPU per GB moved (microseconds per GB: "_us" as for calls).
-      printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f%s}\n", n, mb_per_s,
-             CpuJson(a_, m0, m1, bytes / 1e9).c_str());
+      printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f%s%s}\n", n, mb_per_s,
+             CpuJson(a_, m0, m1, bytes / 1e9).c_str(), copies.c_str());
       fflush(stdout);
     }
   }
@@ -270,6 +301,33 @@ class Bench {
     for (auto& th : threads) th.join();
     printf("{\"suite\":\"rate\",\"clients\":%d,\"calls_per_s\":%.0f%s}\n", a_.clients, n / t,
            CpuJson(a_, m0, m1, static_cast<double>(n)).c_str());
+    fflush(stdout);
+  }
+
+  // The first call on a new channel: name resolution, connect (TCP, then
+  // for RDMA the connection manager's exchange and the engine's hello),
+  // HTTP/2 settings, then the call. Channels are closed after their call,
+  // so one connection at a time lives and the server sees a steady state.
+  void Connect() {
+    Blob req, resp;
+    req.set_data(std::string(64, 'x'));
+    auto once = [&] {
+      auto t0 = Clock::now();
+      auto stub = Stub();
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+      grpc::Status s = stub->Unary(&ctx, req, &resp);
+      double us = Seconds(Clock::now() - t0) * 1e6;
+      if (!s.ok()) Die("connect: a first call failed: " + s.error_message());
+      return us;
+    };
+    for (int i = 0; i < 3; ++i) once();  // warm-up: the server's first accepts
+    std::vector<double> us;
+    auto end = Clock::now() + std::chrono::duration<double>(a_.seconds);
+    while ((Clock::now() < end || us.size() < 20) && us.size() < 2000) us.push_back(once());
+    std::sort(us.begin(), us.end());
+    printf("{\"suite\":\"connect\",\"n\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", us.size(),
+           us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]);
     fflush(stdout);
   }
 
@@ -340,7 +398,7 @@ int Usage() {
           "usage: grpc_bench serve ADDR\n"
           "       grpc_bench run (--target HOST:PORT | --inprocess) "
           "(latency --sizes N,... | stream --sizes N,... | rate [--clients N] |\n"
-          "         ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n"
+          "         connect | ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n"
           "         [--server-pid P]\n");
   return 2;
 }
@@ -380,6 +438,7 @@ int main(int argc, char** argv) {
   if (a.suite == "latency") b.Latency();
   else if (a.suite == "stream") b.Stream();
   else if (a.suite == "rate") b.Rate();
+  else if (a.suite == "connect") b.Connect();
   else if (a.suite == "ps") b.ParameterServer();
   else return Usage();
   return 0;

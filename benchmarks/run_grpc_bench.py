@@ -12,6 +12,16 @@ Server and client are two processes for tcp and rdma; inproc is one. Each
 rdma run proves from the library's stats (TF_RDMA_STATS) that its calls rode
 RDMA. The rate and streaming measures also give the CPU time client and
 server spend per call or per GB (the emulated RDMA device's threads apart).
+
+Every repetition measures every transport, one after the other, so a ratio
+is taken within a repetition (RDMA's figure over TCP's of the same
+repetition) and the table gives the median ratio with its minimum and
+maximum over the repetitions; a ratio whose spread crosses 1.0 is marked:
+that run cannot say which transport was faster. --keep-awake runs one
+idle-priority spinner per CPU for the whole run, so that idle vCPUs do not
+halt and wake slowly (as hosts tuned for RDMA run with deep C-states off);
+the table says which mode it used and the load average around it.
+
 Writes results.json, results.md (the table, with ratios) and PNG plots into
 --out, and prints the table.
 """
@@ -93,14 +103,33 @@ class Runner:
     def suites(self):
         s = [("latency", ["latency", "--sizes", ",".join(map(str, self.a.latency_sizes))]),
              ("stream", ["stream", "--sizes", ",".join(map(str, self.a.stream_sizes))]),
-             ("rate", ["rate", "--clients", str(self.a.clients)])]
+             ("rate", ["rate", "--clients", str(self.a.clients)]),
+             ("connect", ["connect"])]
         if not self.a.no_ps:
             s.append(("ps resnet50", ["ps", "--model", "resnet50", "--workers", "2", "--steps", "3"]))
             if not self.a.quick:
                 s.append(("ps vgg16", ["ps", "--model", "vgg16", "--workers", "2", "--steps", "2"]))
         return s
 
+    def start_spinners(self):
+        """One idle-priority (SCHED_IDLE) busy loop per CPU: it runs only
+        when nothing else wants that CPU, so a vCPU never goes idle and halts,
+        and it takes next to nothing from the measured processes."""
+        def idle():  # in the child before exec: the policy is set before it spins
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=idle)
+                for _ in range(os.cpu_count() or 1)]
+
     def run(self):
+        spinners = self.start_spinners() if self.a.keep_awake else []
+        try:
+            return self.run_all()
+        finally:
+            for p in spinners:
+                p.kill()
+                p.wait()
+
+    def run_all(self):
         results = {t: [] for t in TRANSPORTS}
         total = self.a.reps * len(TRANSPORTS)
         k = 0
@@ -124,9 +153,27 @@ class Runner:
         return results
 
 
+def matching(rows, suite, key):
+    return [r for r in rows if r["suite"] == suite and all(r.get(k) == v for k, v in key.items())]
+
+
 def median_of(rows, suite, key, field):
-    vals = [r[field] for r in rows if r["suite"] == suite and all(r.get(k) == v for k, v in key.items())]
+    vals = [r[field] for r in matching(rows, suite, key)]
     return statistics.median(vals) if vals else None
+
+
+def spread_of(results, suite, key, field, num="rdma", den="tcp"):
+    """num's figure over den's, repetition by repetition (both measured in
+    the same repetition, one after the other): median, min and max over the
+    repetitions, and whether the spread crosses 1.0; None without pairs."""
+    a = {r.get("rep", 0): r[field] for r in matching(results[num], suite, key)}
+    b = {r.get("rep", 0): r[field] for r in matching(results[den], suite, key)}
+    ratios = [a[k] / b[k] for k in sorted(a) if k in b and a[k] and b[k]]
+    if not ratios:
+        return None
+    lo, hi = min(ratios), max(ratios)
+    return {"median": statistics.median(ratios), "min": lo, "max": hi, "n": len(ratios),
+            "crosses_1": lo < 1.0 < hi}
 
 
 def human(n):
@@ -136,21 +183,46 @@ def human(n):
     return f"{n} B"
 
 
+def copies_of(results, suite, key):
+    """Host copies per stream byte in the RDMA client (medians), as
+    grpc_bench reads them from the plugin's counters."""
+    rows = [r for r in matching(results["rdma"], suite, key) if "copies_per_byte_sent" in r]
+    if not rows:
+        return {"rdma_copies_sent": None, "rdma_copies_received": None}
+    return {"rdma_copies_sent": statistics.median(r["copies_per_byte_sent"] for r in rows),
+            "rdma_copies_received": statistics.median(r["copies_per_byte_received"] for r in rows)}
+
+
 def summarize(results, clients, latency_sizes=LATENCY_SIZES, stream_sizes=STREAM_SIZES):
-    rows = {"latency": [], "stream": [], "rate": [], "ps": []}
+    """Medians per transport, and for each RDMA/TCP (and RDMA/in-process)
+    ratio its spread over the repetitions (keys ending in _ratio)."""
+    rows = {"latency": [], "stream": [], "rate": [], "connect": [], "ps": []}
     for n in latency_sizes:
         m = {t: {f: median_of(results[t], "latency", {"size": n}, f) for f in ("p50_us", "p99_us")}
              for t in TRANSPORTS}
-        rows["latency"].append({"size": n, **{f"{t}_{f}": m[t][f] for t in TRANSPORTS for f in m[t]}})
+        rows["latency"].append({"size": n, **{f"{t}_{f}": m[t][f] for t in TRANSPORTS for f in m[t]},
+                                "rdma_tcp_p50_ratio": spread_of(results, "latency", {"size": n}, "p50_us"),
+                                "rdma_inproc_p50_ratio": spread_of(results, "latency", {"size": n}, "p50_us",
+                                                                   den="inproc"),
+                                "rdma_tcp_p99_ratio": spread_of(results, "latency", {"size": n}, "p99_us"),
+                                **copies_of(results, "latency", {"size": n})})
     for n in stream_sizes:
         rows["stream"].append({"size": n, **{f"{t}_mb_per_s": median_of(results[t], "stream", {"size": n}, "mb_per_s")
-                                               for t in TRANSPORTS}})
+                                               for t in TRANSPORTS},
+                               "rdma_tcp_ratio": spread_of(results, "stream", {"size": n}, "mb_per_s"),
+                               **copies_of(results, "stream", {"size": n})})
     rows["rate"].append({"clients": clients, **{f"{t}_calls_per_s": median_of(results[t], "rate", {}, "calls_per_s")
-                                                 for t in TRANSPORTS}})
+                                                 for t in TRANSPORTS},
+                         "rdma_tcp_ratio": spread_of(results, "rate", {}, "calls_per_s")})
+    if any(matching(results["tcp"], "connect", {})):
+        rows["connect"].append({**{f"{t}_p50_us": median_of(results[t], "connect", {}, "p50_us")
+                                   for t in TRANSPORTS},
+                                "rdma_tcp_ratio": spread_of(results, "connect", {}, "p50_us")})
     for model in ("resnet50", "vgg16"):
         v = {t: median_of(results[t], "ps", {"model": model}, "steps_per_s") for t in TRANSPORTS}
         if v["tcp"] is not None:
-            rows["ps"].append({"model": model, **{f"{t}_steps_per_s": v[t] for t in TRANSPORTS}})
+            rows["ps"].append({"model": model, **{f"{t}_steps_per_s": v[t] for t in TRANSPORTS},
+                               "rdma_tcp_ratio": spread_of(results, "ps", {"model": model}, "steps_per_s")})
     rows["cpu"] = summarize_cpu(results, clients, stream_sizes)
     return rows
 
@@ -169,6 +241,18 @@ def cpu_of(rows, suite, key):
     return statistics.median(tot), statistics.median(dev)
 
 
+def host_cpu_spread(results, suite, key):
+    """RDMA's host CPU (without the emulated device's threads) over TCP's
+    CPU, repetition by repetition, as spread_of gives it."""
+    def per_rep(t):
+        return {r.get("rep", 0): r["cpu_client_us"] + r["cpu_server_us"]
+                - r["cpu_client_device_us"] - r["cpu_server_device_us"]
+                for r in matching(results[t], suite, key) if "cpu_client_us" in r}
+    return spread_of({"rdma": [dict(suite=suite, rep=k, v=v, **key) for k, v in per_rep("rdma").items()],
+                      "tcp": [dict(suite=suite, rep=k, v=v, **key) for k, v in per_rep("tcp").items()]},
+                     suite, key, "v")
+
+
 def summarize_cpu(results, clients, stream_sizes):
     out = []
     for suite, key, what, scale in [("rate", {}, f"64 B unary call, {clients} clients: CPU us per call", 1.0)] + [
@@ -178,35 +262,70 @@ def summarize_cpu(results, clients, stream_sizes):
             tot, dev = cpu_of(results[t], suite, key)
             row[f"{t}_cpu"] = tot * scale if tot is not None else None
             row[f"{t}_cpu_device"] = dev * scale if dev is not None else None
+        row["rdma_host_tcp_ratio"] = host_cpu_spread(results, suite, key)
         out.append(row)
     return out
 
 
-def ratio(a, b):
-    return f"{a / b:.2f}" if a and b else "-"
+def ratio(sp):
+    """A ratio cell: the median, then [min-max] over the repetitions when
+    there are several, marked with * when that spread crosses 1.0."""
+    if not sp:
+        return "-"
+    if sp["n"] < 2:
+        return f"{sp['median']:.2f}"
+    return f"{sp['median']:.2f} [{sp['min']:.2f}-{sp['max']:.2f}]" + (" *" if sp["crosses_1"] else "")
 
 
-def table(rows, reps):
-    out = [f"Medians of {reps} interleaved repetitions; ratios are RDMA over the other transport.", ""]
-    out += ["| unary payload | TCP p50 us | RDMA p50 us | in-proc p50 us | RDMA/TCP p50 | RDMA/in-proc p50 | TCP p99 us | RDMA p99 us |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def num(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def conditions(meta):
+    mode = ("vCPUs kept awake by idle-priority spinners (--keep-awake)" if meta.get("keep_awake")
+            else "idle vCPUs free to halt (default; --keep-awake keeps them busy)")
+    la = meta.get("loadavg_before"), meta.get("loadavg_after")
+    load = (f"; 1-minute load average {la[0]:.2f} before, {la[1]:.2f} after" if None not in la else "")
+    return f"Conditions: {meta.get('cpus', '?')} CPUs, {mode}{load}."
+
+
+def table(rows, reps, meta=None):
+    out = [f"Medians of {reps} interleaved repetitions; ratios are RDMA over the other transport, "
+           "taken within each repetition: median [min-max] over the repetitions, "
+           "* where that spread crosses 1.0 (no verdict from this run).", conditions(meta or {}), ""]
+    out += ["| unary payload | TCP p50 us | RDMA p50 us | in-proc p50 us | RDMA/TCP p50 | RDMA/in-proc p50 "
+            "| TCP p99 us | RDMA p99 us | RDMA/TCP p99 |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows["latency"]:
-        out.append(f"| {human(r['size'])} | {r['tcp_p50_us']:.1f} | {r['rdma_p50_us']:.1f} | "
-                   f"{r['inproc_p50_us']:.1f} | {ratio(r['rdma_p50_us'], r['tcp_p50_us'])} | "
-                   f"{ratio(r['rdma_p50_us'], r['inproc_p50_us'])} | {r['tcp_p99_us']:.1f} | {r['rdma_p99_us']:.1f} |")
+        out.append(f"| {human(r['size'])} | {num(r['tcp_p50_us'], '.1f')} | {num(r['rdma_p50_us'], '.1f')} | "
+                   f"{num(r['inproc_p50_us'], '.1f')} | {ratio(r['rdma_tcp_p50_ratio'])} | "
+                   f"{ratio(r['rdma_inproc_p50_ratio'])} | {num(r['tcp_p99_us'], '.1f')} | {num(r['rdma_p99_us'], '.1f')} | "
+                   f"{ratio(r['rdma_tcp_p99_ratio'])} |")
     out += ["", "| streaming message | TCP MB/s | RDMA MB/s | in-proc MB/s | RDMA/TCP |", "|---:|---:|---:|---:|---:|"]
     for r in rows["stream"]:
-        out.append(f"| {human(r['size'])} | {r['tcp_mb_per_s']:.0f} | {r['rdma_mb_per_s']:.0f} | "
-                   f"{r['inproc_mb_per_s']:.0f} | {ratio(r['rdma_mb_per_s'], r['tcp_mb_per_s'])} |")
+        out.append(f"| {human(r['size'])} | {num(r['tcp_mb_per_s'], '.0f')} | {num(r['rdma_mb_per_s'], '.0f')} | "
+                   f"{num(r['inproc_mb_per_s'], '.0f')} | {ratio(r['rdma_tcp_ratio'])} |")
     out += ["", "| workload | TCP | RDMA | in-proc | RDMA/TCP |", "|---|---:|---:|---:|---:|"]
     for r in rows["rate"]:
-        out.append(f"| 64 B unary calls/s, {r['clients']} clients | {r['tcp_calls_per_s']:.0f} | "
-                   f"{r['rdma_calls_per_s']:.0f} | {r['inproc_calls_per_s']:.0f} | "
-                   f"{ratio(r['rdma_calls_per_s'], r['tcp_calls_per_s'])} |")
+        out.append(f"| 64 B unary calls/s, {r['clients']} clients | {num(r['tcp_calls_per_s'], '.0f')} | "
+                   f"{num(r['rdma_calls_per_s'], '.0f')} | {num(r['inproc_calls_per_s'], '.0f')} | "
+                   f"{ratio(r['rdma_tcp_ratio'])} |")
+    for r in rows.get("connect", []):
+        out.append(f"| first 64 B call on a new channel (set-up included): p50 us | {num(r['tcp_p50_us'], '.0f')} | "
+                   f"{num(r['rdma_p50_us'], '.0f')} | {num(r['inproc_p50_us'], '.0f')} | {ratio(r['rdma_tcp_ratio'])} |")
     for r in rows["ps"]:
-        out.append(f"| parameter server, {r['model']}, 2 workers: steps/s | {r['tcp_steps_per_s']:.3f} | "
-                   f"{r['rdma_steps_per_s']:.3f} | {r['inproc_steps_per_s']:.3f} | "
-                   f"{ratio(r['rdma_steps_per_s'], r['tcp_steps_per_s'])} |")
+        out.append(f"| parameter server, {r['model']}, 2 workers: steps/s | {num(r['tcp_steps_per_s'], '.3f')} | "
+                   f"{num(r['rdma_steps_per_s'], '.3f')} | {num(r['inproc_steps_per_s'], '.3f')} | "
+                   f"{ratio(r['rdma_tcp_ratio'])} |")
+    copy_rows = [(f"unary {human(r['size'])}", r) for r in rows["latency"]] + \
+                [(f"streaming {human(r['size'])} (client sends)", r) for r in rows["stream"]]
+    if any(r.get("rdma_copies_sent") is not None for _, r in copy_rows):
+        out += ["", "Host copies per stream byte in the RDMA client process (the plugin's counters: "
+                "into registered buffers on send, out of them on receive; 0 = zero copy).", "",
+                "| work | copies per byte sent | copies per byte received |", "|---|---:|---:|"]
+        for what, r in copy_rows:
+            out.append(f"| {what} | {num(r.get('rdma_copies_sent'), '.2f')} | "
+                       f"{num(r.get('rdma_copies_received'), '.2f')} |")
     if rows.get("cpu"):
         def f(v):
             return "-" if v is None else (f"{v:.1f}" if v >= 10 else f"{v:.2f}")
@@ -218,7 +337,7 @@ def table(rows, reps):
         for r in rows["cpu"]:
             host = None if r["rdma_cpu"] is None else r["rdma_cpu"] - (r["rdma_cpu_device"] or 0)
             out.append(f"| {r['what']} | {f(r['tcp_cpu'])} | {f(r['rdma_cpu'])} | {f(r['rdma_cpu_device'])} | "
-                       f"{f(host)} | {f(r['inproc_cpu'])} | {ratio(host, r['tcp_cpu'])} |")
+                       f"{f(host)} | {f(r['inproc_cpu'])} | {ratio(r.get('rdma_host_tcp_ratio'))} |")
     return "\n".join(out) + "\n"
 
 
@@ -271,6 +390,8 @@ def main():
     ap.add_argument("--clients", type=int, default=4, help="clients of the rate measure (default 4)")
     ap.add_argument("--quick", action="store_true", help="leave out the VGG-16 workload")
     ap.add_argument("--no-ps", action="store_true", help="leave out the parameter-server workloads")
+    ap.add_argument("--keep-awake", action="store_true",
+                    help="run an idle-priority spinner per CPU so idle vCPUs do not halt")
 
     def sizes(text):
         try:
@@ -290,12 +411,15 @@ def main():
     out_dir = a.out or os.path.join(a.build, "bench-results")
     os.makedirs(out_dir, exist_ok=True)
     r = Runner(a)
+    meta = {"cpus": os.cpu_count(), "keep_awake": a.keep_awake, "loadavg_before": os.getloadavg()[0]}
     results = r.run()
+    meta["loadavg_after"] = os.getloadavg()[0]
     rows = summarize(results, a.clients, a.latency_sizes, a.stream_sizes)
-    md = table(rows, a.reps)
+    md = table(rows, a.reps, meta)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"raw": results, "summary": rows, "rdma_proof": getattr(r, "rdma_proof", None),
-                   "when": time.strftime("%Y-%m-%d %H:%M:%S"), "reps": a.reps, "seconds": a.seconds},
+                   "when": time.strftime("%Y-%m-%d %H:%M:%S"), "reps": a.reps, "seconds": a.seconds,
+                   "conditions": meta},
                   f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(md)

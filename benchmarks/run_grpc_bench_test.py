@@ -28,7 +28,50 @@ def positive(v):
     return isinstance(v, (int, float)) and v > 0
 
 
+def check_summary():
+    """The ratio arithmetic on figures made up here: ratios taken within a
+    repetition, their spread, the mark when it crosses 1.0."""
+    sys.path.insert(0, HERE)
+    import run_grpc_bench as rb
+
+    def lat(rep, p50):
+        return {"suite": "latency", "size": 64, "rep": rep, "p50_us": p50, "p99_us": 2 * p50}
+    # RDMA 10, 30, 20 us against TCP 20, 20, 40 us: ratios 0.5, 1.5, 0.5.
+    res = {"rdma": [lat(0, 10), lat(1, 30), lat(2, 20)],
+           "tcp": [lat(0, 20), lat(1, 20), lat(2, 40)],
+           "inproc": [lat(0, 5), lat(1, 5), lat(2, 5)]}
+    sp = rb.spread_of(res, "latency", {"size": 64}, "p50_us")
+    check(sp is not None and abs(sp["median"] - 0.5) < 1e-9 and abs(sp["min"] - 0.5) < 1e-9
+          and abs(sp["max"] - 1.5) < 1e-9 and sp["n"] == 3 and sp["crosses_1"],
+          f"spread of 0.5, 1.5, 0.5: {sp}")
+    check(rb.ratio(sp) == "0.50 [0.50-1.50] *", f"ratio cell: {rb.ratio(sp)!r}")
+    inp = rb.spread_of(res, "latency", {"size": 64}, "p50_us", den="inproc")
+    check(inp and not inp["crosses_1"] and rb.ratio(inp) == "4.00 [2.00-6.00]",
+          f"RDMA/in-process 2, 6, 4: {inp}")
+    # A repetition one transport lacks is no pair.
+    res["tcp"].pop()
+    sp = rb.spread_of(res, "latency", {"size": 64}, "p50_us")
+    check(sp["n"] == 2 and abs(sp["median"] - 1.0) < 1e-9, f"two pairs: {sp}")
+    check(rb.ratio(None) == "-", "no pairs: -")
+    md = rb.table(rb.summarize(res, 2, [64], []), 3, {"cpus": 2, "keep_awake": True,
+                                                       "loadavg_before": 0.5, "loadavg_after": 1.0})
+    check("idle-priority spinners" in md and "0.50 before, 1.00 after" in md,
+          f"the table says its conditions: {md[:400]!r}")
+    # --keep-awake's spinners run at idle priority, one per CPU.
+    r = rb.Runner.__new__(rb.Runner)
+    spinners = r.start_spinners()
+    try:
+        check(len(spinners) == (os.cpu_count() or 1), f"{len(spinners)} spinners")
+        check(all(os.sched_getscheduler(p.pid) == os.SCHED_IDLE for p in spinners),
+              "spinners are SCHED_IDLE")
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
 def main():
+    check_summary()
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", required=True)
     a = ap.parse_args()
@@ -67,6 +110,8 @@ def main():
             check(positive(row[f"{t}_mb_per_s"]), f"stream {row['size']} B {t}: {row[f'{t}_mb_per_s']}")
     for t in ("tcp", "rdma", "inproc"):
         check(positive(s["rate"][0][f"{t}_calls_per_s"]), f"rate {t}")
+        check(len(s["connect"]) == 1 and positive(s["connect"][0][f"{t}_p50_us"]),
+              f"first call on a new channel, {t}: {s['connect']}")
     proof = res.get("rdma_proof") or {}
     check(proof.get("rdma_client_connections", 0) >= 1 and proof.get("tcp_client_connections") == 0,
           f"the RDMA runs rode RDMA: {proof}")
@@ -95,7 +140,13 @@ def main():
     big = [row for what, row in cpu.items() if "1 MiB" in what]
     check(len(big) == 1 and positive(big[0]["rdma_cpu_device"]),
           f"1 MiB streaming: the emulated device's threads did the copying: {big}")
-    check("RDMA host/TCP" in md and "| 64 KiB |" in md, "results.md has the tables")
+    # Copies per byte, from the plugin's counters in the RDMA client: every
+    # byte sent is copied once into a registered buffer today.
+    for row in s["latency"] + s["stream"]:
+        check(isinstance(row.get("rdma_copies_sent"), (int, float)) and 0.5 < row["rdma_copies_sent"] <= 1.5,
+              f"{row['size']} B: copies per byte sent {row.get('rdma_copies_sent')}")
+    check("RDMA host/TCP" in md and "| 64 KiB |" in md and "new channel" in md,
+          "results.md has the tables")
 
 
 if __name__ == "__main__":
