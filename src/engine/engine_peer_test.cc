@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -537,7 +538,18 @@ int ChildRogue(uint16_t port) {
   qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
   qa.cap.max_inline_data = 64;
   if (rdma_create_qp(id, pd, &qa)) return 11;
-  std::vector<char> mem(9 << 16);
+  // Registered memory that outlives the process's exit: the rogue returns
+  // with receives still posted and the engine may still send (its close),
+  // so softverbs' thread may write here while exit runs; freed memory
+  // there would be heap corruption (ASan caught it, and its report then
+  // deadlocked with the leak check at exit).
+  struct Mem {
+    char* p;
+    char* data() { return p; }
+    size_t size() const { return 9 << 16; }
+  } mem{static_cast<char*>(mmap(nullptr, 9 << 16, PROT_READ | PROT_WRITE,
+                                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))};
+  if (mem.p == MAP_FAILED) return 11;
   ibv_mr* mr = ibv_reg_mr(pd, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE);
   for (int i = 0; i < 8; ++i) {
     ibv_sge s{reinterpret_cast<uint64_t>(mem.data() + i * 65536), 65536, mr->lkey};
