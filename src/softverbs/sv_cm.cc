@@ -140,6 +140,14 @@ uint16_t TcpPortFor(uint16_t cm_port) {
   return static_cast<uint16_t>(cm_port ^ GetConfig().cm_port_xor);
 }
 
+// One wake-up token into the channel's socket. Never blocks: with one token
+// per non-empty queue (and one more at most while a reader holds the
+// last), the socket's buffer never fills.
+void SendToken(EventChannel* ch) {
+  char token = 1;
+  (void)!send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 // Queues an event on the id's channel. Caller holds Rt().mu.
 void PushEvent(CmId* id, rdma_cm_event_type type, int status, CmId* listen = nullptr,
                const void* pdata = nullptr, size_t pdata_len = 0, size_t pad_to = 0) {
@@ -164,12 +172,17 @@ void PushEvent(CmId* id, rdma_cm_event_type type, int status, CmId* listen = nul
   c.qp_num = id->peer_qpn;
   EventChannel* ch = (listen ? listen : id)->chan;
   Trace("cm: event %s status %d for id %p", rdma_event_str(type), status, (void*)id);
+  bool was_empty;
   {
     std::lock_guard<std::mutex> g(ch->mu);
+    was_empty = ch->q.empty();
     ch->q.push_back(e);
   }
-  char token = 1;
-  (void)!send(ch->wfd, &token, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // The channel fd is readable while events are queued: one token stands
+  // for "not empty" (rdma_get_cm_event passes it on while events remain),
+  // not one per event, which a socket's buffer cannot hold past a few
+  // hundred.
+  if (was_empty) SendToken(ch);
 }
 
 bool ToSin(const sockaddr* a, sockaddr_in* out) {
@@ -615,20 +628,20 @@ int rdma_destroy_id(rdma_cm_id* cid) {
   {
     EventChannel* ch = id->chan;
     std::lock_guard<std::mutex> g(ch->mu);
-    size_t removed = 0;
+    const bool had_events = !ch->q.empty();
     for (auto it = ch->q.begin(); it != ch->q.end();) {
       if ((*it)->owner == id || (*it)->ev.id == cid) {
         delete *it;
         it = ch->q.erase(it);
-        ++removed;
       } else {
         ++it;
       }
     }
-    // A token another thread already took is simply not there (EAGAIN);
-    // that thread finds the queue empty and waits again.
-    for (char token; removed > 0; --removed)
-      if (recv(ch->ch.fd, &token, 1, MSG_DONTWAIT) != 1) break;
+    // Emptied: take back the "not empty" token. One another thread already
+    // took is simply not there (EAGAIN); that thread finds the queue empty
+    // and waits again.
+    char token;
+    if (had_events && ch->q.empty()) (void)!recv(ch->ch.fd, &token, 1, MSG_DONTWAIT);
   }
   DropLink(id);
   for (Link* l : Rt().links)
@@ -974,6 +987,7 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     if (ch->q.empty()) continue;
     CmEvent* e = ch->q.front();
     ch->q.pop_front();
+    if (!ch->q.empty()) SendToken(ch);  // more to come: the fd stays readable
     ++e->owner->unacked;
     *event = &e->ev;
     return 0;
