@@ -104,6 +104,12 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   int channel_fd() const { return channel_fd_.load(std::memory_order_acquire); }
   rdma_cm_id* cm_id() const { return id_.get(); }
   bool passive() const { return passive_; }
+  // Set-up done: its QP (for the device's asynchronous events).
+  ibv_qp* qp() const { return qp_.get(); }
+  // With its lock held: an affiliated asynchronous event of its QP. An
+  // access error is the peer reaching outside its grants (the device
+  // refused the RDMA WRITE or READ): logged, and the connection closed.
+  void OnQpEventLocked(ibv_event_type type, Deferred* d);
 
   // --- with EngineImpl::mu held ---
   bool host_polled = false;          // SetHostPolled: a host event loop polls it

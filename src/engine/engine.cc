@@ -227,6 +227,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   std::lock_guard<std::mutex> cl(c->mu());
   conns_[e->id] = c;
   absl::Status s = c->SetupLocked();
+  if (s.ok()) WatchAsyncLocked(e->id->verbs);
   if (!s.ok()) {
     fprintf(stderr, "grpc_rdma: cannot accept an RDMA connection: %s\n",
             std::string(s.message()).c_str());
@@ -267,6 +268,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
       return;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       absl::Status s = c->SetupLocked();
+      if (s.ok()) WatchAsyncLocked(e->id->verbs);
       if (!s.ok()) return FailConnectLocked(c.get(), s, d);
       WatchLocked(c.get());
       wire::Hello mine = c->MyHello();

@@ -104,6 +104,12 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
   std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);
   void TakeCmEventsLocked(Deferred* d);
+  // The device's asynchronous events (access errors on a QP: a peer
+  // writing or reading outside its grants), watched once per device
+  // context in the shared set, tagged with the context's address | 1.
+  void WatchAsyncLocked(ibv_context* ctx);
+  void TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d);
+  std::vector<ibv_context*> async_ctxs_;
 
   EventChannel events_;
   std::vector<CmId> listeners_;

@@ -187,7 +187,50 @@ TEST(EnginePeers, PeerKilledMidTransfer) {
 // (a protocol violation only the engine can see).
 class RoguePeer : public ::testing::TestWithParam<std::string> {};
 
+// This process's stderr into a file while it lives (the engine logs there).
+class StderrCapture {
+ public:
+  StderrCapture() {
+    char path[] = "/tmp/engine_peer_test.XXXXXX";
+    fd_ = mkstemp(path);
+    if (fd_ >= 0) unlink(path);
+    fflush(stderr);
+    saved_ = dup(2);
+    if (fd_ >= 0) dup2(fd_, 2);
+  }
+  ~StderrCapture() {
+    fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    if (fd_ >= 0) close(fd_);
+  }
+  std::string Text() {
+    fflush(stderr);
+    std::string out;
+    char buf[4096];
+    for (off_t at = 0;;) {
+      ssize_t n = pread(fd_, buf, sizeof(buf), at);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+      at += n;
+    }
+    return out;
+  }
+  // Waits up to `ms` for `what` to be logged.
+  bool WaitFor(const std::string& what, int ms) {
+    for (int i = 0; i < ms / 10; ++i) {
+      if (Text().find(what) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Text().find(what) != std::string::npos;
+  }
+
+ private:
+  int fd_ = -1, saved_ = -1;
+};
+
 TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
+  StderrCapture log;
   auto se = Engine::Create(Options{});
   ASSERT_TRUE(se.ok());
   std::mutex mu;
@@ -233,6 +276,13 @@ TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   rogue->Write({xv}, [&](absl::Status s) { rw.set_value(s); });
   EXPECT_EQ(rw.get_future().get().code(), absl::StatusCode::kUnavailable)
       << "the engine closed the rogue's connection";
+  // And said why, naming the connection (the device refuses a WRITE or
+  // READ outside a grant; only the engine sees a small write into a
+  // standing grant).
+  std::string why = GetParam() == "pre_small" ? "bad write into a standing grant"
+                                              : "an RDMA access outside its grants";
+  EXPECT_TRUE(log.WaitFor("the peer broke the protocol (" + why, 5000))
+      << "nothing logged of the rogue's " << GetParam() << ":\n" << log.Text();
   Drain d(honest, 1 << 20);
   std::string payload = Pattern(1 << 20, 3);
   iovec v{payload.data(), payload.size()};

@@ -6,6 +6,7 @@
 // events, handle RDMA CM events and take a snapshot of the connections;
 // each connection's CQ is then handled under that connection's own lock,
 // with the registry lock dropped (engine_impl.h).
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <string.h>
@@ -71,6 +72,49 @@ void EngineImpl::TakeCmEventsLocked(Deferred* d) {
   }
 }
 
+void EngineImpl::WatchAsyncLocked(ibv_context* ctx) {
+  if (ctx == nullptr || ctx->async_fd < 0) return;
+  for (ibv_context* c : async_ctxs_)
+    if (c == ctx) return;
+  // Non-blocking: the poller and a host loop may both be woken for one event.
+  int fl = fcntl(ctx->async_fd, F_GETFL);
+  if (fl < 0 || fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0) return;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = reinterpret_cast<uint64_t>(ctx) | 1;
+  if (epoll_ctl(epfd_, EPOLL_CTL_ADD, ctx->async_fd, &ev) == 0) async_ctxs_.push_back(ctx);
+}
+
+void EngineImpl::TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d) {
+  ibv_async_event ev;
+  while (ibv_get_async_event(ctx, &ev) == 0) {
+    ibv_event_type type = ev.event_type;
+    ibv_qp* qp = nullptr;
+    switch (type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_COMM_EST:
+      case IBV_EVENT_SQ_DRAINED:
+      case IBV_EVENT_PATH_MIG:
+      case IBV_EVENT_PATH_MIG_ERR:
+      case IBV_EVENT_QP_LAST_WQE_REACHED:
+        qp = ev.element.qp;
+        break;
+      default:
+        break;
+    }
+    ibv_ack_async_event(&ev);
+    if (qp == nullptr) continue;
+    for (auto& [id, c] : conns_) {
+      if (c->qp() != qp) continue;
+      std::lock_guard<std::mutex> cl(c->mu());
+      c->OnQpEventLocked(type, d);
+      break;
+    }
+  }
+}
+
 // The poller thread and PollNow (a host event loop) may both be woken for
 // the same event: whoever comes second finds it gone, so nothing here
 // blocks on a source without checking it is readable first.
@@ -88,6 +132,8 @@ void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_
       (void)!read(wake_fd_, &v, sizeof(v));
     } else if (tag == kTagCm) {
       TakeCmEventsLocked(d);
+    } else if (tag & 1) {
+      TakeAsyncEventsLocked(reinterpret_cast<ibv_context*>(tag & ~uint64_t{1}), d);
     } else if (auto c = Find(reinterpret_cast<rdma_cm_id*>(tag))) {
       ready->push_back(std::move(c));
     }

@@ -100,6 +100,30 @@ void ConnImpl::DeliverLocked(Deferred* d) {
   }
 }
 
+void ConnImpl::OnQpEventLocked(ibv_event_type type, Deferred* d) {
+  const char* what;
+  switch (type) {
+    case IBV_EVENT_QP_ACCESS_ERR:
+      what = "the peer broke the protocol (an RDMA access outside its grants, refused by the "
+             "device)";
+      break;
+    case IBV_EVENT_QP_REQ_ERR:
+      what = "the peer broke the protocol (an invalid request, refused by the device)";
+      break;
+    case IBV_EVENT_QP_FATAL:
+      what = "the device reports a fatal QP error";
+      break;
+    default:
+      return;  // informational (path migration, last WQE reached, ...)
+  }
+  // The QP went to error with the event, so its flushed receives may have
+  // closed the connection already (a flush says nothing of why): the log
+  // line is the only place the reason shows.
+  fprintf(stderr, "grpc_rdma: connection %s: %s; %s\n", peer_.c_str(), what,
+          state_ == State::kClosed ? "it is closed" : "closing it");
+  if (state_ != State::kClosed) CloseLocked(absl::UnavailableError(what), d, true);
+}
+
 void ConnImpl::Violation(const char* what, Deferred* d) {
   fprintf(stderr, "grpc_rdma: connection %s: the peer broke the protocol (%s); closing it\n",
           peer_.c_str(), what);

@@ -385,6 +385,10 @@ void LinkUndelegate(Link* l);  // takes the link out of its channel's set
 
 // QP engine (sv_qp.cc). Caller holds Runtime::mu.
 void QpToErrorLocked(Qp* qp, ibv_wc_status head_status);
+// An affiliated asynchronous event of `qp` for ibv_get_async_event (as an
+// HCA raises IBV_EVENT_QP_ACCESS_ERR on the responder of a refused RDMA
+// WRITE or READ); dropped if the context's queue is full.
+void RaiseQpEvent(ibv_qp* qp, ibv_event_type type);
 void QpLinkUpLocked(Qp* qp);
 void QpLinkDeadLocked(Qp* qp, bool peer_gone);
 bool QpHandleFrameBegin(Link* l);  // false: wait (RNR or delay)

@@ -3,6 +3,7 @@
 // frames in, checks against its own keys, ACK/NAK out).
 #include <arpa/inet.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -311,6 +312,7 @@ bool QpHandleFrameBegin(Link* l) {
         l->rx_dead = true;
         l->in_discard = true;
         QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
         return true;
       }
       if (h.flags & kFlagImm) {
@@ -335,6 +337,7 @@ bool QpHandleFrameBegin(Link* l) {
         SendNak(l, h.seq, IBV_WC_REM_ACCESS_ERR);
         l->rx_dead = true;
         QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
         return true;
       }
       FlushAck(l);
@@ -447,6 +450,14 @@ void QpRxPassDone(Link* l) {
 }
 
 // --------------------------------------------------------- state changes ---
+
+void RaiseQpEvent(ibv_qp* qp, ibv_event_type type) {
+  if (qp == nullptr || qp->context == nullptr) return;
+  ibv_async_event ev{};
+  ev.element.qp = qp;
+  ev.event_type = type;
+  (void)!write(ToCtx(qp->context)->async_pipe[1], &ev, sizeof(ev));
+}
 
 void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
   qp->qp.state = IBV_QPS_ERR;

@@ -147,6 +147,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
     delete c;
     return nullptr;
   }
+  // Events are raised from the agent and must never block it: a program
+  // that never reads them loses the ones past the pipe's capacity.
+  fcntl(c->async_pipe[1], F_SETFL, O_NONBLOCK);
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = QueryPortOp;
   c->vctx.query_device_ex = QueryDeviceExOp;

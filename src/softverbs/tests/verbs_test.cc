@@ -227,6 +227,17 @@ class RemoteAccessTest : public VerbsTest {
     for (int i = 0; i < 100 && QpState(b_.qp) != IBV_QPS_ERR; ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_EQ(QpState(b_.qp), IBV_QPS_ERR);
+    // The responder's QP raises IBV_EVENT_QP_ACCESS_ERR, as an HCA's does:
+    // the only word its owner gets of why (its receives just flush).
+    bool seen = false;
+    pollfd p{b_.qp->context->async_fd, POLLIN, 0};
+    while (!seen && poll(&p, 1, 2000) == 1) {
+      ibv_async_event ev;
+      ASSERT_EQ(ibv_get_async_event(b_.qp->context, &ev), 0);
+      seen = ev.event_type == IBV_EVENT_QP_ACCESS_ERR && ev.element.qp == b_.qp;
+      ibv_ack_async_event(&ev);
+    }
+    EXPECT_TRUE(seen) << "no IBV_EVENT_QP_ACCESS_ERR for the responder's QP";
   }
 };
 
