@@ -19,6 +19,7 @@
 
 #include <cerrno>
 #include <set>
+#include <vector>
 
 #include "sv_internal.h"
 
@@ -76,6 +77,10 @@ struct EventChannel {
   std::mutex mu;
   std::deque<CmEvent*> q;
   std::atomic<int> readers{0};  // threads inside rdma_get_cm_event
+  // rdma_destroy_event_channel ran. A channel is never freed (see there):
+  // a get that comes after its destroy finds this instead of freed memory.
+  std::atomic<bool> destroyed{false};
+  bool nonblocking_at_destroy = false;
 };
 
 namespace {
@@ -578,18 +583,33 @@ rdma_event_channel* rdma_create_event_channel(void) {
 
 void rdma_destroy_event_channel(rdma_event_channel* channel) {
   auto* ch = reinterpret_cast<EventChannel*>(channel);
+  // Programs destroy a channel while another thread still uses it (rping
+  // does, without joining its CM thread): that thread is blocked in a get,
+  // or between two gets, about to block again. With the kernel's fd it
+  // simply stays blocked. Here too: the flag and the readers count are
+  // each set before the other is read (seq_cst), so either this sees the
+  // reader and leaves the channel open, or the reader sees the flag and
+  // blocks for good; and the struct is kept (on a list, so leak checkers
+  // see it reachable), so a late get never reads freed memory or a closed
+  // or reused fd.
+  int fl = fcntl(ch->ch.fd, F_GETFL);
+  ch->nonblocking_at_destroy = fl >= 0 && (fl & O_NONBLOCK) != 0;
+  ch->destroyed.store(true);
+  static auto* retired = new std::vector<EventChannel*>;
+  static std::mutex retired_mu;
+  {
+    std::lock_guard<std::mutex> g(retired_mu);
+    retired->push_back(ch);
+  }
   if (ch->readers.load() > 0) {
-    // A thread still waits on it (rping destroys its channel without
-    // joining its CM thread). With the kernel's fd that thread simply stays
-    // blocked; keep the channel open so it does here too, instead of
-    // letting it read a closed or reused fd.
     Trace("cm: event channel destroyed while a thread waits on it; left open");
     return;
   }
   close(ch->ch.fd);
   close(ch->wfd);
+  std::lock_guard<std::mutex> g(ch->mu);
   for (CmEvent* e : ch->q) delete e;
-  delete ch;
+  ch->q.clear();
 }
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** out, void* context,
@@ -971,6 +991,12 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     EventChannel* ch;
     ~Leave() { ch->readers.fetch_sub(1); }
   } leave{ch};
+  if (ch->destroyed.load()) {
+    // After rdma_destroy_event_channel (see there): what a read of the
+    // kernel's closed fd gives, and a blocking one stays blocked.
+    if (ch->nonblocking_at_destroy) return Fail(EBADF);
+    for (;;) pause();
+  }
   for (;;) {
     char token;
     ssize_t r = recv(ch->ch.fd, &token, 1, 0);  // blocks unless the app set O_NONBLOCK

@@ -288,6 +288,49 @@ TEST(Cm, AChannelWithManyPendingEventsStaysReadable) {
   rdma_destroy_event_channel(ch);
 }
 
+// A channel destroyed while another thread still uses it (rping destroys
+// its channel without joining its CM thread, which may be between two
+// gets): a get after the destroy behaves as a read of the kernel's closed
+// fd would, never touching freed memory or a reused descriptor. Blocking:
+// it stays blocked (rping's thread then waits for the process to exit,
+// instead of failing it with EBADF); non-blocking: EBADF.
+TEST(Cm, AGetAfterTheChannelIsDestroyedNeitherFailsNorReadsAnotherFd) {
+  rdma_event_channel* blocking = rdma_create_event_channel();
+  ASSERT_NE(blocking, nullptr);
+  rdma_destroy_event_channel(blocking);
+  std::atomic<bool> returned{false};
+  std::thread late([&] {
+    rdma_cm_event* e = nullptr;
+    rdma_get_cm_event(blocking, &e);
+    returned = true;
+  });
+  late.detach();  // it never comes back
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "a blocking get on a destroyed channel returned";
+
+  rdma_event_channel* nb = rdma_create_event_channel();
+  ASSERT_NE(nb, nullptr);
+  fcntl(nb->fd, F_SETFL, fcntl(nb->fd, F_GETFL) | O_NONBLOCK);
+  int old_fd = nb->fd;
+  rdma_destroy_event_channel(nb);
+  // The descriptor number goes to something else, with data waiting.
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv), 0);
+  char byte = 7;
+  int other = sv[0] == old_fd || sv[1] == old_fd ? (sv[0] == old_fd ? sv[0] : sv[1]) : -1;
+  ASSERT_EQ(send(other == sv[0] ? sv[1] : sv[0], &byte, 1, 0), 1);
+  rdma_cm_event* e = nullptr;
+  errno = 0;
+  EXPECT_EQ(rdma_get_cm_event(nb, &e), -1);
+  EXPECT_EQ(errno, EBADF);
+  if (other >= 0) {
+    char got = 0;
+    EXPECT_EQ(recv(other, &got, 1, MSG_DONTWAIT), 1) << "the get read another descriptor";
+  }
+  close(sv[0]);
+  close(sv[1]);
+}
+
 TEST(Cm, PeerDeathFlushesAndDisconnects) {
   Listener l;
   ASSERT_TRUE(l.Start());
