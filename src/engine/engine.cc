@@ -2,6 +2,7 @@
 // sides, connect timeouts, listeners. The poller is in poller.cc.
 #include "engine/engine.h"
 
+#include <arpa/inet.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -204,10 +205,20 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
     if (c->connect_deadline_us != 0 && now > c->connect_deadline_us) late.push_back(c);
   for (auto& c : late) {
     std::lock_guard<std::mutex> cl(c->mu());
-    if (c->connect_done)
-      FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
-    else
+    if (!c->connect_done) {
       c->connect_deadline_us = 0;
+      continue;
+    }
+    if (c->passive()) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(c->cm_id()));
+      char ip[INET_ADDRSTRLEN] = "?";
+      inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+      fprintf(stderr,
+              "grpc_rdma: an RDMA connection from %s:%d was accepted but never established "
+              "within %d ms (TF_RDMA_CONNECT_TIMEOUT_MS); dropping it\n",
+              ip, ntohs(a->sin_port), options.connect_timeout_ms);
+    }
+    FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
   }
 }
 
@@ -248,8 +259,12 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
     d->push_back([c] {});
     return;
   }
-  // Remember which listener: ESTABLISHED hands the connection to it.
-  c->connect_deadline_us = 0;
+  // Remember which listener: ESTABLISHED hands the connection to it. Until
+  // then it holds receive buffers and descriptors for a peer that may
+  // never finish the exchange: it gets the connect timeout, as a client's
+  // connection does (CheckDeadlinesLocked).
+  c->connect_deadline_us =
+      NowMicros() + static_cast<uint64_t>(options.connect_timeout_ms) * 1000;
   c->accepted = true;
   c->connect_done = [fn = accept_fns_[li - 1]](absl::StatusOr<std::shared_ptr<Connection>> r) {
     if (r.ok()) fn(*r);

@@ -81,6 +81,48 @@ pid_t Spawn(const std::vector<std::string>& args, const std::vector<std::string>
   return pid;
 }
 
+// This process's stderr into a file while it lives (the engine logs there).
+class StderrCapture {
+ public:
+  StderrCapture() {
+    char path[] = "/tmp/engine_peer_test.XXXXXX";
+    fd_ = mkstemp(path);
+    if (fd_ >= 0) unlink(path);
+    fflush(stderr);
+    saved_ = dup(2);
+    if (fd_ >= 0) dup2(fd_, 2);
+  }
+  ~StderrCapture() {
+    fflush(stderr);
+    dup2(saved_, 2);
+    close(saved_);
+    if (fd_ >= 0) close(fd_);
+  }
+  std::string Text() {
+    fflush(stderr);
+    std::string out;
+    char buf[4096];
+    for (off_t at = 0;;) {
+      ssize_t n = pread(fd_, buf, sizeof(buf), at);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+      at += n;
+    }
+    return out;
+  }
+  // Waits up to `ms` for `what` to be logged.
+  bool WaitFor(const std::string& what, int ms) {
+    for (int i = 0; i < ms / 10; ++i) {
+      if (Text().find(what) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return Text().find(what) != std::string::npos;
+  }
+
+ private:
+  int fd_ = -1, saved_ = -1;
+};
+
 TEST(EnginePeers, ManyConnectionsAtOnce) {
   auto se = Engine::Create(Options{});
   auto ce = Engine::Create(Options{});
@@ -186,48 +228,6 @@ TEST(EnginePeers, PeerKilledMidTransfer) {
 // "pre_small" writes a message the eager limit allows into a standing grant
 // (a protocol violation only the engine can see).
 class RoguePeer : public ::testing::TestWithParam<std::string> {};
-
-// This process's stderr into a file while it lives (the engine logs there).
-class StderrCapture {
- public:
-  StderrCapture() {
-    char path[] = "/tmp/engine_peer_test.XXXXXX";
-    fd_ = mkstemp(path);
-    if (fd_ >= 0) unlink(path);
-    fflush(stderr);
-    saved_ = dup(2);
-    if (fd_ >= 0) dup2(fd_, 2);
-  }
-  ~StderrCapture() {
-    fflush(stderr);
-    dup2(saved_, 2);
-    close(saved_);
-    if (fd_ >= 0) close(fd_);
-  }
-  std::string Text() {
-    fflush(stderr);
-    std::string out;
-    char buf[4096];
-    for (off_t at = 0;;) {
-      ssize_t n = pread(fd_, buf, sizeof(buf), at);
-      if (n <= 0) break;
-      out.append(buf, static_cast<size_t>(n));
-      at += n;
-    }
-    return out;
-  }
-  // Waits up to `ms` for `what` to be logged.
-  bool WaitFor(const std::string& what, int ms) {
-    for (int i = 0; i < ms / 10; ++i) {
-      if (Text().find(what) != std::string::npos) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return Text().find(what) != std::string::npos;
-  }
-
- private:
-  int fd_ = -1, saved_ = -1;
-};
 
 TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   StderrCapture log;
@@ -561,6 +561,47 @@ int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   return cts == 0 ? 20 : 100 + more_pre;
 }
 
+// Half-open: connects with raw rdma_cm and a QP of its own, as if it were
+// an engine, takes the server's accept (CONNECT_RESPONSE) and never
+// completes the exchange (no rdma_establish, so no RTU): the server's
+// connection stays set up and never established. Then waits to be killed.
+int ChildHalfOpen(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 10;
+  sockaddr_in dst = Loopback(port);
+  rdma_cm_event* e = nullptr;
+  auto next = [&](rdma_cm_event_type want) {
+    if (rdma_get_cm_event(ch, &e) != 0) return false;
+    bool ok = e->event == want;
+    rdma_ack_cm_event(e);
+    return ok;
+  };
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
+      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
+      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
+    return 11;
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* qp = pd && cq ? ibv_create_qp(pd, &qa) : nullptr;
+  if (qp == nullptr) return 12;
+  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
+  rdma_conn_param p{};
+  p.private_data = &h;
+  p.private_data_len = sizeof(h);
+  p.qp_num = qp->qp_num;
+  p.retry_count = 7;
+  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_CONNECT_RESPONSE)) return 13;
+  printf("half-open\n");
+  fflush(stdout);
+  for (;;) pause();
+}
+
 // Connects with raw rdma_cm as if it were an engine, announces a large
 // write, and abuses the grant it gets.
 int ChildRogue(uint16_t port) {
@@ -751,6 +792,48 @@ int ChildCutWire() {
   return 0;
 }
 
+// A peer that never completes the connection exchange (no RTU after the
+// server's accept): the server's half-set-up connection, with its receive
+// buffers pinned, is dropped once TF_RDMA_CONNECT_TIMEOUT_MS has passed,
+// with a log line, and the memory comes back; an honest peer then connects.
+TEST(EnginePeers, AHalfOpenConnectionIsDroppedAfterTheConnectTimeout) {
+  StderrCapture log;
+  Options o;
+  o.connect_timeout_ms = 300;
+  auto se = Engine::Create(o);
+  ASSERT_TRUE(se.ok());
+  std::atomic<int> accepted{0};
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection>) { ++accepted; });
+  ASSERT_TRUE(port.ok());
+  uint64_t before = (*se)->pinned_bytes();
+  pid_t child = Spawn({"--child", "half-open", std::to_string(*port)});
+  ASSERT_GT(child, 0);
+  bool pinned = false;
+  for (int i = 0; i < 500 && !pinned; ++i) {
+    pinned = (*se)->pinned_bytes() > before;
+    if (!pinned) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(pinned) << "the server set the half-open connection up";
+  bool back = false;
+  for (int i = 0; i < 500 && !back; ++i) {  // 300 ms, then the poller's 10 ms look
+    back = (*se)->pinned_bytes() <= before;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(back) << (*se)->pinned_bytes() << " bytes still pinned for a connection never "
+                    << "established";
+  EXPECT_TRUE(log.WaitFor("never established", 2000)) << log.Text();
+  EXPECT_EQ(accepted.load(), 0);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  auto ce = Engine::Create(Options{});
+  ASSERT_TRUE(ce.ok());
+  auto c = ConnectTo(**ce, *port);
+  EXPECT_TRUE(c.ok()) << c.status();
+  for (int i = 0; i < 200 && accepted.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(accepted.load(), 1);
+}
+
 }  // namespace
 }  // namespace grpc_rdma
 
@@ -760,6 +843,7 @@ int main(int argc, char** argv) {
     uint16_t port = argc >= 4 ? static_cast<uint16_t>(atoi(argv[3])) : 0;
     if (m == "write-forever") return grpc_rdma::ChildWriteForever(port);
     if (m == "rogue") return grpc_rdma::ChildRogue(port);
+    if (m == "half-open") return grpc_rdma::ChildHalfOpen(port);
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     return 100;
