@@ -214,10 +214,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
       }
     }
   }
-  if (disconnect_when_drained_ && inflight_.empty()) {
-    disconnect_when_drained_ = false;
-    if (id_) rdma_disconnect(id_.get());
-  }
+  if (disconnect_when_drained_ && inflight_.empty()) DisconnectNowLocked();
   DeliverLocked(d);
   PumpLocked(d);
   return seen;
@@ -349,6 +346,13 @@ ConnectionStats ConnImpl::stats() const {
 
 // ----------------------------------------------------------------- close ---
 
+void ConnImpl::DisconnectNowLocked() {
+  if (!disconnect_when_drained_) return;
+  disconnect_when_drained_ = false;
+  drain_deadline_us.store(0);
+  if (id_) rdma_disconnect(id_.get());  // the QP goes to error: what is left flushes
+}
+
 void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
   if (state_ == State::kClosed) return;
   bool was_up = state_ == State::kUp;
@@ -369,6 +373,7 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
     // delivered or flushed, and HandleCqLocked disconnects then).
     if (was_up && !inflight_.empty()) {
       disconnect_when_drained_ = true;
+      drain_deadline_us.store(NowMicros() + static_cast<uint64_t>(kDrainMs) * 1000);
     } else {
       rdma_disconnect(id_.get());
     }

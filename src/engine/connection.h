@@ -114,7 +114,18 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // --- with EngineImpl::mu held ---
   bool host_polled = false;          // SetHostPolled: a host event loop polls it
   int watch_set = -1;                // the epoll set its channel is in (-1: none)
-  uint64_t connect_deadline_us = 0;  // 0: none (established, or a server's)
+  uint64_t connect_deadline_us = 0;  // 0: none (established)
+  // Closed with sends still in flight: the disconnect waits for them until
+  // this time (0: not waiting), then goes ahead (DisconnectNowLocked), so a
+  // peer that never acknowledges (no receives posted, infinite RNR retry)
+  // cannot keep a closed connection's memory. Read by the poller without
+  // the connection's lock.
+  std::atomic<uint64_t> drain_deadline_us{0};
+  static constexpr int kDrainMs = 2000;
+  // With its lock held: the disconnect a close left waiting for its last
+  // sends, now.
+  void DisconnectNowLocked();
+  const std::string& PeerLocked() const { return peer_; }
 
  private:
   enum class State { kSetup, kUp, kClosed };

@@ -201,8 +201,21 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
 void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
   uint64_t now = NowMicros();
   ConnList late;
-  for (auto& [id, c] : conns_)
+  ConnList draining;
+  for (auto& [id, c] : conns_) {
     if (c->connect_deadline_us != 0 && now > c->connect_deadline_us) late.push_back(c);
+    uint64_t drain = c->drain_deadline_us.load();
+    if (drain != 0 && now > drain) draining.push_back(c);
+  }
+  for (auto& c : draining) {
+    std::lock_guard<std::mutex> cl(c->mu());
+    if (c->drain_deadline_us.load() == 0) continue;  // drained meanwhile
+    fprintf(stderr,
+            "grpc_rdma: connection %s: closed, and its last sends were not acknowledged "
+            "within %d ms (the peer takes no messages); disconnecting without them\n",
+            c->PeerLocked().c_str(), ConnImpl::kDrainMs);
+    c->DisconnectNowLocked();
+  }
   for (auto& c : late) {
     std::lock_guard<std::mutex> cl(c->mu());
     if (!c->connect_done) {

@@ -561,6 +561,43 @@ int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   return cts == 0 ? 20 : 100 + more_pre;
 }
 
+// Deaf: connects as an engine would (its Hello promises 8 receives), asks
+// for infinite RNR retry and posts no receive at all, then waits to be
+// killed: whatever the engine sends it is never acknowledged.
+int ChildDeaf(uint16_t port) {
+  rdma_event_channel* ch = rdma_create_event_channel();
+  rdma_cm_id* id = nullptr;
+  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 10;
+  sockaddr_in dst = Loopback(port);
+  rdma_cm_event* e = nullptr;
+  auto next = [&](rdma_cm_event_type want) {
+    if (rdma_get_cm_event(ch, &e) != 0) return false;
+    bool ok = e->event == want;
+    rdma_ack_cm_event(e);
+    return ok;
+  };
+  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
+      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
+      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
+    return 11;
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  if (pd == nullptr || cq == nullptr || rdma_create_qp(id, pd, &qa)) return 12;
+  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
+  rdma_conn_param p{};
+  p.private_data = &h;
+  p.private_data_len = sizeof(h);
+  p.rnr_retry_count = 7;
+  p.retry_count = 7;
+  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 13;
+  for (;;) pause();
+}
+
 // Half-open: connects with raw rdma_cm and a QP of its own, as if it were
 // an engine, takes the server's accept (CONNECT_RESPONSE) and never
 // completes the exchange (no rdma_establish, so no RTU): the server's
@@ -834,6 +871,44 @@ TEST(EnginePeers, AHalfOpenConnectionIsDroppedAfterTheConnectTimeout) {
   EXPECT_EQ(accepted.load(), 1);
 }
 
+// A connection closed while its last sends are still unacknowledged, to a
+// peer that never takes them (no receives, infinite RNR retry): the close
+// waits for them only so long, then disconnects, so the memory comes back
+// while the peer is still there.
+TEST(EnginePeers, ACloseDoesNotWaitForeverOnAPeerThatTakesNothing) {
+  StderrCapture log;
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::promise<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    accepted.set_value(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  uint64_t before = (*se)->pinned_bytes();
+  pid_t child = Spawn({"--child", "deaf", std::to_string(*port)});
+  ASSERT_GT(child, 0);
+  auto fut = accepted.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  auto conn = fut.get();
+  std::string msg(100, 'x');
+  std::promise<absl::Status> wd;
+  iovec v{msg.data(), msg.size()};
+  conn->Write({v}, [&](absl::Status s) { wd.set_value(s); });
+  EXPECT_TRUE(wd.get_future().get().ok());  // copied out: done, not delivered
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  conn->Shutdown(absl::UnavailableError("the test closes it"));
+  conn.reset();
+  bool back = false;
+  for (int i = 0; i < 1000 && !back; ++i) {  // the drain limit is 2 s
+    back = (*se)->pinned_bytes() <= before;
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(back) << (*se)->pinned_bytes() << " bytes still pinned for a closed connection";
+  EXPECT_TRUE(log.WaitFor("were not acknowledged", 1000)) << log.Text();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+}
+
 }  // namespace
 }  // namespace grpc_rdma
 
@@ -844,6 +919,7 @@ int main(int argc, char** argv) {
     if (m == "write-forever") return grpc_rdma::ChildWriteForever(port);
     if (m == "rogue") return grpc_rdma::ChildRogue(port);
     if (m == "half-open") return grpc_rdma::ChildHalfOpen(port);
+    if (m == "deaf") return grpc_rdma::ChildDeaf(port);
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     return 100;

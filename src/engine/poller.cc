@@ -218,7 +218,8 @@ void EngineImpl::PollerMain() {
         std::lock_guard<std::mutex> g(mu);
         if (stop_) return;
         bool deadline = false;
-        for (auto& [id, c] : conns_) deadline |= c->connect_deadline_us != 0;
+        for (auto& [id, c] : conns_)
+          deadline |= c->connect_deadline_us != 0 || c->drain_deadline_us.load() != 0;
         if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
         if (timeout != 0) all = SnapshotLocked();
       }
