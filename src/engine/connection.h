@@ -146,7 +146,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     PinnedBuffer* buf;
     uint32_t len;
     bool standing = false;  // one whole message of up to len bytes
+    uint64_t offset = 0;    // announced transfer: where in it this chunk goes
   };
+  // A grant id not in use (ids wrap after 2^32 grants; 0 is never one).
+  uint32_t NextGrantIdLocked();
 
   // sender.cc
   bool SendControlLocked(wire::Header h);  // inline SEND

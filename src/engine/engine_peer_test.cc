@@ -738,6 +738,36 @@ int ChildRogue(uint16_t port) {
   w.opcode = IBV_WR_SEND;
   w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   ibv_post_send(id->qp, &w, &bad);
+  if (mode == "reorder") {
+    // Two grants (the engine's chunks are 64 KiB here), written second
+    // first, each as a whole chunk from the last 64 KiB of mem.
+    std::vector<wire::Header> grants;
+    for (int i = 0; i < 5000 && grants.size() < 2; ++i) {
+      ibv_wc wc;
+      while (grants.size() < 2 && ibv_poll_cq(cq, 1, &wc) == 1) {
+        if (wc.opcode != IBV_WC_RECV || wc.status != IBV_WC_SUCCESS) continue;
+        wire::Header m{};
+        memcpy(&m, mem.data() + wc.wr_id * 65536, sizeof(m));
+        if (m.type == wire::kCts) grants.push_back(m);
+      }
+      usleep(1000);
+    }
+    if (grants.size() < 2) return 13;
+    for (int k : {1, 0}) {
+      const wire::Header& g = grants[static_cast<size_t>(k)];
+      ibv_sge ws{reinterpret_cast<uint64_t>(mem.data() + 8 * 65536), g.len, mr->lkey};
+      ibv_send_wr ww{}, *wbad;
+      ww.sg_list = &ws;
+      ww.num_sge = 1;
+      ww.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      ww.imm_data = htonl(g.grant);
+      ww.wr.rdma.remote_addr = g.a;
+      ww.wr.rdma.rkey = g.rkey;
+      if (ibv_post_send(id->qp, &ww, &wbad) != 0) return 15;
+    }
+    usleep(500 * 1000);  // connected while the engine reads them
+    return 0;
+  }
   wire::Header cts{};
   if (AwaitControl(cq, mem.data(), wire::kCts, 5000, true, &cts) == 0) return 13;
   if (mode == "cts_len") return 100 + cts.len / 65536;  // exit status: grant in 64 KiB
@@ -907,6 +937,20 @@ TEST(EnginePeers, ACloseDoesNotWaitForeverOnAPeerThatTakesNothing) {
   EXPECT_TRUE(log.WaitFor("were not acknowledged", 1000)) << log.Text();
   kill(child, SIGKILL);
   waitpid(child, nullptr, 0);
+}
+
+// Chunks written out of the order of their grants (each in bounds, each
+// whole): the engine closes the connection and says why, rather than hand
+// the reader bytes out of place.
+TEST(EnginePeers, ChunksOutOfOrderAreAViolation) {
+  StderrCapture log;
+  Options o;
+  o.chunk_size = 64 << 10;
+  RogueServer server(o);
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(server.Run({"ROGUE_MODE=reorder"}), 0) << "the rogue got its two grants";
+  EXPECT_TRUE(log.WaitFor("the peer broke the protocol (chunk out of order)", 5000))
+      << log.Text();
 }
 
 }  // namespace

@@ -198,6 +198,11 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     --standing_out_;
   } else if (wc.byte_len != land.len) {
     return Violation("chunk of the wrong length", d);
+  } else if (land.offset != in_received_) {
+    // RC keeps the peer's writes in order, and the peer writes its grants
+    // in the order given: a chunk ahead of its turn would hand the reader
+    // bytes out of place.
+    return Violation("chunk out of order", d);
   }
   landings_.erase(it);
   // Lend the buffer to the reader, unless pinned memory runs short: then
@@ -248,7 +253,7 @@ void ConnImpl::IssueStandingGrantsLocked() {
     if (engine_->budget.used() + len > engine_->budget.cap() / 4) return;
     absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
     if (!b.ok() || *b == nullptr) return;
-    uint32_t id = next_grant_++;
+    uint32_t id = NextGrantIdLocked();
     wire::Header h{};
     h.type = wire::kStanding;
     h.len = len;
@@ -264,6 +269,14 @@ void ConnImpl::IssueStandingGrantsLocked() {
   }
 }
 
+uint32_t ConnImpl::NextGrantIdLocked() {
+  uint32_t id;
+  do {
+    id = next_grant_++;
+  } while (id == 0 || landings_.count(id) != 0);
+  return id;
+}
+
 void ConnImpl::IssueGrantsLocked(Deferred* d) {
   const Options& o = engine_->options;
   // Standing grants are landings too, but outside TF_RDMA_CHUNKS_IN_FLIGHT:
@@ -277,7 +290,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(piece, left));
     PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
     if (buf == nullptr) return;  // granted again when pinned memory comes back
-    uint32_t id = next_grant_++;
+    uint32_t id = NextGrantIdLocked();
     wire::Header h{};
     h.type = wire::kCts;
     h.len = len;
@@ -291,7 +304,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
         CloseLocked(absl::InternalError("ibv_post_send(CTS) failed"), d, true);
       return;
     }
-    landings_[id] = Landing{buf, len};
+    landings_[id] = Landing{buf, len, false, in_granted_};
     in_granted_ += len;
   }
   // Also during an announced transfer: the peer uses a standing grant only
