@@ -342,7 +342,11 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
                                               " (status ", e->status, ")")),
           d);
     case RDMA_CM_EVENT_DISCONNECTED:
-      c->HandleCqLocked(d);  // what arrived before the disconnect is the stream's tail
+      // The device's word on why first (an access error it refused the
+      // peer for is queued before the peer can know of it and go), then
+      // what arrived before the disconnect: the stream's tail.
+      if (e->id->verbs != nullptr) TakeAsyncEventsLocked(e->id->verbs, d, c.get());
+      c->HandleCqLocked(d);
       c->CloseLocked(absl::UnavailableError("RDMA connection closed by the peer"), d, false);
       return FailConnectLocked(c.get(), absl::UnavailableError("disconnected"), d);
     default:

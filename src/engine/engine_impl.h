@@ -108,7 +108,8 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // writing or reading outside its grants), watched once per device
   // context in the shared set, tagged with the context's address | 1.
   void WatchAsyncLocked(ibv_context* ctx);
-  void TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d);
+  // `held`: a connection whose lock the caller holds already.
+  void TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d, ConnImpl* held = nullptr);
   std::vector<ibv_context*> async_ctxs_;
 
   EventChannel events_;

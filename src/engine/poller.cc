@@ -14,6 +14,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -85,7 +86,9 @@ void EngineImpl::WatchAsyncLocked(ibv_context* ctx) {
   if (epoll_ctl(epfd_, EPOLL_CTL_ADD, ctx->async_fd, &ev) == 0) async_ctxs_.push_back(ctx);
 }
 
-void EngineImpl::TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d) {
+void EngineImpl::TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d, ConnImpl* held) {
+  // Only a watched context's fd is non-blocking.
+  if (std::find(async_ctxs_.begin(), async_ctxs_.end(), ctx) == async_ctxs_.end()) return;
   ibv_async_event ev;
   while (ibv_get_async_event(ctx, &ev) == 0) {
     ibv_event_type type = ev.event_type;
@@ -108,8 +111,12 @@ void EngineImpl::TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d) {
     if (qp == nullptr) continue;
     for (auto& [id, c] : conns_) {
       if (c->qp() != qp) continue;
-      std::lock_guard<std::mutex> cl(c->mu());
-      c->OnQpEventLocked(type, d);
+      if (c.get() == held) {
+        c->OnQpEventLocked(type, d);
+      } else {
+        std::lock_guard<std::mutex> cl(c->mu());
+        c->OnQpEventLocked(type, d);
+      }
       break;
     }
   }

@@ -308,11 +308,13 @@ bool QpHandleFrameBegin(Link* l) {
         Trace("qpn 0x%x: remote write refused rkey=0x%x addr=0x%llx len=%llu", qp->qp.qp_num,
               h.rkey, static_cast<unsigned long long>(h.addr),
               static_cast<unsigned long long>(h.len));
+        // The event first: it is queued before the flush or the NAK can
+        // make anyone look for it.
+        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
         SendNak(l, h.seq, IBV_WC_REM_ACCESS_ERR);
         l->rx_dead = true;
         l->in_discard = true;
         QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
-        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
         return true;
       }
       if (h.flags & kFlagImm) {
@@ -334,10 +336,10 @@ bool QpHandleFrameBegin(Link* l) {
       char* src = h.aux == 0 ? nullptr
                              : CheckRemote(qp, h.rkey, h.addr, h.aux, IBV_ACCESS_REMOTE_READ);
       if (h.aux != 0 && src == nullptr) {
+        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);  // first, as for a write
         SendNak(l, h.seq, IBV_WC_REM_ACCESS_ERR);
         l->rx_dead = true;
         QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
-        RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
         return true;
       }
       FlushAck(l);

@@ -208,7 +208,13 @@ TEST_F(E2eTest, FiftyChannels) {
 }
 
 TEST_F(E2eTest, DeadlineExceeded) {
-  auto stub = NewStub();
+  // Connected first: the 300 ms deadline is for the call, and setting up
+  // the connection can take longer than that on a loaded machine (or under
+  // a sanitizer), which would end the call before anything rode RDMA.
+  auto ch = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port_),
+                                      grpc::InsecureChannelCredentials(), BigMessageArgs());
+  ASSERT_TRUE(ch->WaitForConnected(Clock::now() + std::chrono::seconds(30)));
+  auto stub = Echo::NewStub(ch);
   Blob req, resp;
   req.set_data("slow");
   req.set_delay_ms(3000);
