@@ -235,8 +235,8 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
   }
 }
 
-void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
-  size_t li = reinterpret_cast<size_t>(e->listen_id->context);
+void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferred* d) {
+  size_t li = reinterpret_cast<size_t>(listener);
   wire::Hello peer;
   const char* bad = wire::ParseHello(e->param.conn.private_data,
                                      e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
@@ -284,8 +284,8 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, Deferred* d) {
   };
 }
 
-void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, Deferred* d) {
-  if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequestLocked(e, d);
+void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred* d) {
+  if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequestLocked(e, listener, d);
   std::shared_ptr<ConnImpl> c = Find(e->id);
   if (c == nullptr) return;
   std::lock_guard<std::mutex> cl(c->mu());

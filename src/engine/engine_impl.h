@@ -98,8 +98,10 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   static constexpr int kSkippedRetryMs = 1;
   ConnList SnapshotLocked() const;
   // engine.cc
-  void HandleCmEventLocked(rdma_cm_event* e, Deferred* d);
-  void OnConnectRequestLocked(rdma_cm_event* e, Deferred* d);
+  // `listener`: the listening id's context, read before the event was
+  // acked (e->listen_id is not kept: the id may be gone by now).
+  void HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred* d);
+  void OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferred* d);
   // With mu and the connection's lock held.
   void FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d);
   std::shared_ptr<ConnImpl> Find(rdma_cm_id* id);

@@ -68,8 +68,12 @@ void EngineImpl::TakeCmEventsLocked(Deferred* d) {
       copy.param.conn.private_data = pdata;
       copy.param.conn.private_data_len = static_cast<uint8_t>(n);
     }
+    // The listener's context too: once the event is acked, StopListening
+    // (on another thread, without mu) may destroy the listening id.
+    void* listener = e->listen_id != nullptr ? e->listen_id->context : nullptr;
+    copy.listen_id = nullptr;
     rdma_ack_cm_event(e);
-    HandleCmEventLocked(&copy, d);
+    HandleCmEventLocked(&copy, listener, d);
   }
 }
 

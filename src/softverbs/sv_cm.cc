@@ -314,7 +314,9 @@ void OnReq(Link* l, const std::string& body) {
   c->id.channel = lid->id.channel;
   c->chan = lid->chan;
   c->sync = lid->sync;
-  c->id.context = lid->id.context;
+  // id.context: the listener's, copied when the program gets the event
+  // (rdma_get_cm_event), as librdmacm does; the program may still be
+  // setting it after rdma_listen while this runs on the agent thread.
   c->id.ps = lid->id.ps;
   c->id.qp_type = lid->id.qp_type;
   c->listener = lid;
@@ -1015,6 +1017,11 @@ int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
     ch->q.pop_front();
     if (!ch->q.empty()) SendToken(ch);  // more to come: the fd stays readable
     ++e->owner->unacked;
+    // A request's new id takes the listener's context now (the listening
+    // id is alive: destroying it takes its pending events back under
+    // Rt().mu, which we hold).
+    if (e->ev.event == RDMA_CM_EVENT_CONNECT_REQUEST && e->ev.listen_id != nullptr)
+      e->ev.id->context = e->ev.listen_id->context;
     *event = &e->ev;
     return 0;
   }

@@ -196,6 +196,31 @@ TEST(Cm, RejectCarriesPrivateData) {
   rdma_destroy_id(child);
 }
 
+// The new id of a CONNECT_REQUEST takes the listening id's context as it is
+// when the program gets the event, as librdmacm's does (it is copied in
+// rdma_get_cm_event), not as it was when the request arrived: a program
+// may set the context after rdma_listen, and the device must not read it
+// from another thread meanwhile.
+TEST(Cm, ARequestTakesTheListenersContextWhenItIsGot) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  pollfd p{l.ch->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "no CONNECT_REQUEST";
+  int later = 0;
+  l.id->context = &later;  // set after the request arrived
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->listen_id, l.id);
+  EXPECT_EQ(e->id->context, &later);
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  rdma_reject(child, nullptr, 0);
+  rdma_destroy_id(child);
+}
+
 TEST(Cm, NobodyListeningIsRejected) {
   Client c;
   ASSERT_TRUE(c.Resolve(static_cast<uint16_t>(g_port.fetch_add(1))));
