@@ -38,6 +38,43 @@ void PinnedBudget::NotifyWhenAvailable(uint64_t bytes, std::function<void()> cb)
   cb();  // already fits: the caller retries at once
 }
 
+void PinnedBudget::Attach(BufferPool* pool) {
+  absl::MutexLock l(&pools_mu_);
+  pools_.push_back(pool);
+}
+
+void PinnedBudget::Detach(BufferPool* pool) {
+  absl::MutexLock l(&pools_mu_);
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    if (pools_[i] == pool) {
+      pools_[i] = pools_.back();
+      pools_.pop_back();
+      return;
+    }
+  }
+}
+
+uint64_t PinnedBudget::ReclaimCaches(const BufferPool* except) {
+  // Taken out under the pools' registry lock (a pool cannot go away
+  // meanwhile), freed with no lock held: releasing runs waiters' callbacks,
+  // and one may drop the last reference to a connection and its pools.
+  std::vector<BufferPool::Detached> drop;
+  {
+    absl::MutexLock l(&pools_mu_);
+    for (BufferPool* p : pools_)
+      if (p != except) p->DetachCache(&drop);
+  }
+  uint64_t freed = 0;
+  for (auto& d : drop) {
+    d.dereg(d.buf->reg);
+    std::free(d.buf->data);
+    freed += d.buf->size;
+    delete d.buf;
+  }
+  if (freed > 0) Release(freed);
+  return freed;
+}
+
 uint64_t PinnedBudget::used() const {
   absl::MutexLock l(&mu_);
   return used_;
@@ -71,11 +108,17 @@ size_t BufferPool::ClassFor(size_t size) {
 
 BufferPool::BufferPool(PinnedBudget* budget, Registrar registrar, size_t max_class)
     : budget_(budget), registrar_(std::move(registrar)), max_class_(ClassFor(max_class)) {
-  absl::MutexLock l(&mu_);
-  free_.resize(ClassIndex(max_class_) + 1);
+  {
+    absl::MutexLock l(&mu_);
+    free_.resize(ClassIndex(max_class_) + 1);
+  }
+  budget_->Attach(this);
 }
 
-BufferPool::~BufferPool() { Trim(0); }
+BufferPool::~BufferPool() {
+  budget_->Detach(this);  // first: no reclaim reaches into this pool after
+  Trim(0);
+}
 
 absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
   size_t cls = ClassFor(size);
@@ -98,7 +141,11 @@ absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
     // Cached buffers of other classes hold budget nobody is using: give it
     // back and try once more before reporting backpressure.
     Trim(0);
-    if (!budget_->TryReserve(cls)) return nullptr;
+    if (!budget_->TryReserve(cls)) {
+      // And what idle pools of other connections keep cached: a cache is
+      // for reuse, never a reason for a connection to wait.
+      if (budget_->ReclaimCaches(this) == 0 || !budget_->TryReserve(cls)) return nullptr;
+    }
   }
   void* mem = std::aligned_alloc(4096, cls);
   if (mem == nullptr) {
@@ -155,6 +202,15 @@ void BufferPool::Trim(uint64_t keep_bytes) {
     delete b;
     budget_->Release(size);  // may run waiters: no lock held here
   }
+}
+
+void BufferPool::DetachCache(std::vector<Detached>* out) {
+  absl::MutexLock l(&mu_);
+  for (auto& cls : free_) {
+    for (PinnedBuffer* b : cls) out->push_back(Detached{b, registrar_.dereg});
+    cls.clear();
+  }
+  cached_bytes_ = 0;
 }
 
 uint64_t BufferPool::cached_bytes() const {

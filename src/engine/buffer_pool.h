@@ -32,6 +32,8 @@
 
 namespace grpc_rdma {
 
+class BufferPool;
+
 class PinnedBudget {
  public:
   explicit PinnedBudget(uint64_t cap_bytes) : cap_(cap_bytes) {}
@@ -45,6 +47,15 @@ class PinnedBudget {
   // Runs `cb` once, the next time memory is released (or now, on this
   // thread, if `bytes` already fit). The caller retries its TryReserve.
   void NotifyWhenAvailable(uint64_t bytes, std::function<void()> cb);
+
+  // The pools drawing on this budget, so that one running short can take
+  // back what idle pools keep cached (ReclaimCaches). BufferPool attaches
+  // itself for its lifetime.
+  void Attach(BufferPool* pool);
+  void Detach(BufferPool* pool);
+  // Frees every attached pool's cached buffers but `except`'s, returning
+  // their bytes (and so waking waiters). Returns the bytes freed.
+  uint64_t ReclaimCaches(const BufferPool* except);
 
   uint64_t cap() const { return cap_; }
   uint64_t used() const;
@@ -60,6 +71,9 @@ class PinnedBudget {
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<void()>> waiters_ ABSL_GUARDED_BY(mu_);
+  // Separate from mu_: taken before a pool's lock, never inside either.
+  absl::Mutex pools_mu_;
+  std::vector<BufferPool*> pools_ ABSL_GUARDED_BY(pools_mu_);
 };
 
 // What registering memory produced: the keys, and a handle to undo it.
@@ -95,7 +109,8 @@ class BufferPool {
   BufferPool& operator=(const BufferPool&) = delete;
 
   // A buffer of at least `size` bytes (size <= max_class): a cached one, or
-  // a new one if the budget allows. nullptr when the budget is exhausted:
+  // a new one if the budget allows, after taking back what this pool and
+  // then every other pool keep cached. nullptr when the budget is exhausted:
   // backpressure, see PinnedBudget::NotifyWhenAvailable. An error only if
   // registration itself fails.
   absl::StatusOr<PinnedBuffer*> Get(size_t size);
@@ -105,6 +120,15 @@ class BufferPool {
   // Frees cached buffers (returning their bytes to the budget) until at most
   // `keep_bytes` stay cached.
   void Trim(uint64_t keep_bytes = 0);
+  // A cached buffer taken out for freeing elsewhere: what to deregister it
+  // with comes along (the pool may be gone by the time it is freed).
+  struct Detached {
+    PinnedBuffer* buf;
+    std::function<void(const Registration&)> dereg;
+  };
+  // Moves every cached buffer to `out` without freeing any (for
+  // PinnedBudget::ReclaimCaches, which frees them with no lock held).
+  void DetachCache(std::vector<Detached>* out);
 
   // The size class for `size`: the next power of two, at least kMinClass.
   static size_t ClassFor(size_t size);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <random>
 #include <set>
 #include <thread>
@@ -116,6 +117,35 @@ TEST(BufferPool, OneCacheNeverStarvesAnotherPool) {
   auto now = b.Get(4096);
   ASSERT_TRUE(now.ok() && *now) << "pool b gets the memory pool a gave back";
   b.Put(*now);
+}
+
+// An idle pool's cache (a connection that moved data a while ago and now
+// sits) is taken back when another pool finds the budget spent; the idle
+// pool still works afterwards, from fresh buffers.
+TEST(BufferPool, IdlePoolsCachesAreTakenBackForAnotherPool) {
+  PinnedBudget budget(256 << 10);
+  FakeReg reg;
+  auto idle = std::make_unique<BufferPool>(&budget, reg.Get(), 256 << 10);
+  BufferPool busy(&budget, reg.Get(), 256 << 10);
+  auto x = idle->Get(64 << 10), y = idle->Get(64 << 10);
+  ASSERT_TRUE(x.ok() && *x && y.ok() && *y);
+  idle->Put(*x);
+  idle->Put(*y);
+  ASSERT_EQ(idle->cached_bytes(), 128u << 10) << "not under pressure: cached";
+  auto big = busy.Get(256 << 10);
+  ASSERT_TRUE(big.ok());
+  ASSERT_NE(*big, nullptr) << "the idle pool's 128 KiB cache is given back for it";
+  EXPECT_EQ(idle->cached_bytes(), 0u);
+  EXPECT_EQ(reg.live, 1) << "the cached buffers were deregistered";
+  EXPECT_EQ(budget.used(), 256u << 10);
+  busy.Put(*big);  // pressured: freed
+  auto again = idle->Get(64 << 10);
+  ASSERT_TRUE(again.ok() && *again);
+  idle->Put(*again);
+  idle.reset();  // detaches: a reclaim after this must not reach it
+  EXPECT_EQ(budget.ReclaimCaches(nullptr), 0u);
+  EXPECT_EQ(budget.used(), 0u);
+  EXPECT_EQ(reg.live, 0);
 }
 
 TEST(BufferPool, OtherClassesAreTrimmedToMakeRoom) {
