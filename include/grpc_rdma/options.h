@@ -57,6 +57,10 @@ struct Options {
   // TF_RDMA_CONNECT_TIMEOUT_MS: how long a client tries RDMA CM before it
   // falls back (or fails).
   int connect_timeout_ms = 1000;
+  // TF_RDMA_GRANT_TIMEOUT_MS: how long a peer may leave the memory granted
+  // for a large message it announced unwritten (no chunk landing) before
+  // the connection is closed and the memory freed.
+  int grant_timeout_ms = 30000;
   // TF_RDMA_FALLBACK (tcp | none) and TF_RDMA_FALLBACK_TTL_S: how long an
   // address that had no RDMA goes straight to TCP.
   Fallback fallback = Fallback::kTcp;

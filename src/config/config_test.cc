@@ -86,6 +86,9 @@ TEST(Options, BadValuesNameTheVariableTheValueAndWhatIsAllowed) {
   EXPECT_NE(e.find("TF_RDMA_DEV_NAME='mlx5 0'"), std::string::npos) << e;
   e = Error({{"TF_RDMA_CONNECT_TIMEOUT_MS", "0"}});
   EXPECT_NE(e.find("from 1 to 600000"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_GRANT_TIMEOUT_MS", "50"}});
+  EXPECT_NE(e.find("TF_RDMA_GRANT_TIMEOUT_MS"), std::string::npos) << e;
+  EXPECT_NE(e.find("from 100 to 3600000"), std::string::npos) << e;
 }
 
 TEST(Options, EveryBadVariableIsReported) {

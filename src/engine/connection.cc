@@ -357,6 +357,7 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
   if (state_ == State::kClosed) return;
   bool was_up = state_ == State::kUp;
   state_ = State::kClosed;
+  grant_deadline_us.store(0);
   close_status_ = why.ok() ? Closed("connection closed") : why;
   for (WriteOp& op : writes_) {
     WriteDone cb = std::move(op.done);

@@ -122,6 +122,13 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // the connection's lock.
   std::atomic<uint64_t> drain_deadline_us{0};
   static constexpr int kDrainMs = 2000;
+  // Grants of an announced transfer out and unwritten: the peer must land
+  // a chunk by this time (0: nothing outstanding), renewed by each chunk,
+  // or the connection is closed (TF_RDMA_GRANT_TIMEOUT_MS). Read by the
+  // poller without the connection's lock.
+  std::atomic<uint64_t> grant_deadline_us{0};
+  // With its lock held: the grant deadline passed; closes if still so.
+  void GrantsTimedOutLocked(uint64_t now_us, Deferred* d);
   // With its lock held: the disconnect a close left waiting for its last
   // sends, now.
   void DisconnectNowLocked();
@@ -168,6 +175,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void RepostLocked(size_t index, Deferred* d);
   void IssueStandingGrantsLocked();
   void IssueGrantsLocked(Deferred* d);
+  // Grants out and unwritten: the deadline set (renew: moved on, after a
+  // chunk landed), or cleared when none are out.
+  void SetGrantDeadlineLocked(bool renew);
   void DeliverLocked(Deferred* d);
   void Violation(const char* what, Deferred* d);
 

@@ -202,10 +202,17 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
   uint64_t now = NowMicros();
   ConnList late;
   ConnList draining;
+  ConnList unwritten;
   for (auto& [id, c] : conns_) {
     if (c->connect_deadline_us != 0 && now > c->connect_deadline_us) late.push_back(c);
     uint64_t drain = c->drain_deadline_us.load();
     if (drain != 0 && now > drain) draining.push_back(c);
+    uint64_t grants = c->grant_deadline_us.load();
+    if (grants != 0 && now > grants) unwritten.push_back(c);
+  }
+  for (auto& c : unwritten) {
+    std::lock_guard<std::mutex> cl(c->mu());
+    c->GrantsTimedOutLocked(now, d);
   }
   for (auto& c : draining) {
     std::lock_guard<std::mutex> cl(c->mu());

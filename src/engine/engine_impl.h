@@ -63,6 +63,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   // Wakes the poller (new fds, budget freed, work queued from other threads).
   void Wake();
+  // The poller may be about to wait with no timeout: whoever sets a new
+  // deadline (a grant's) wakes it so that it waits no longer than that.
+  std::atomic<bool> may_block_{false};
   // Puts the connection's completion channel in the shared epoll set, or
   // in the poller's own one while a host polls it, or (gone) in none.
   void WatchLocked(ConnImpl* c);

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <signal.h>
 #include <spawn.h>
@@ -771,6 +772,13 @@ int ChildRogue(uint16_t port) {
   wire::Header cts{};
   if (AwaitControl(cq, mem.data(), wire::kCts, 5000, true, &cts) == 0) return 13;
   if (mode == "cts_len") return 100 + cts.len / 65536;  // exit status: grant in 64 KiB
+  if (mode == "silent") {
+    // Holds the grant and writes nothing: the engine must close the
+    // connection (0), not keep the memory for as long as we stay (14).
+    pollfd pf{ch->fd, POLLIN, 0};
+    if (poll(&pf, 1, 5000) != 1) return 14;
+    return next(RDMA_CM_EVENT_DISCONNECTED) ? 0 : 16;
+  }
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
   bool write_past = mode == "write_past";
@@ -950,6 +958,21 @@ TEST(EnginePeers, ChunksOutOfOrderAreAViolation) {
   ASSERT_TRUE(server.ok());
   EXPECT_EQ(server.Run({"ROGUE_MODE=reorder"}), 0) << "the rogue got its two grants";
   EXPECT_TRUE(log.WaitFor("the peer broke the protocol (chunk out of order)", 5000))
+      << log.Text();
+}
+
+// A peer that announces a large message, takes the grants and writes
+// nothing (gone silent, or an attack on the pinned memory: 100 such peers
+// held 1,022 of 1,024 MiB) loses the connection after
+// TF_RDMA_GRANT_TIMEOUT_MS, with a line that says so.
+TEST(EnginePeers, GrantsLeftUnwrittenCloseTheConnection) {
+  StderrCapture log;
+  Options o;
+  o.grant_timeout_ms = 300;
+  RogueServer server(o);
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(server.Run({"ROGUE_MODE=silent"}), 0) << "14: the engine kept the connection";
+  EXPECT_TRUE(log.WaitFor("granted bytes unwritten for 300 ms (TF_RDMA_GRANT_TIMEOUT_MS)", 5000))
       << log.Text();
 }
 

@@ -228,16 +228,32 @@ void EngineImpl::PollerMain() {
       {
         std::lock_guard<std::mutex> g(mu);
         if (stop_) return;
+        // Before the look at the deadlines: one set after it sees this and
+        // wakes us (ConnImpl::SetGrantDeadlineLocked).
+        may_block_.store(true);
         bool deadline = false;
-        for (auto& [id, c] : conns_)
+        uint64_t grants = UINT64_MAX;  // the earliest grant deadline
+        for (auto& [id, c] : conns_) {
           deadline |= c->connect_deadline_us != 0 || c->drain_deadline_us.load() != 0;
+          uint64_t g = c->grant_deadline_us.load();
+          if (g != 0 && g < grants) grants = g;
+        }
         if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
+        if (grants != UINT64_MAX) {
+          // Seconds away as a rule: wake for it then, not every 10 ms.
+          uint64_t now = NowMicros();
+          int ms = grants <= now ? 0
+                                 : static_cast<int>(std::min<uint64_t>(
+                                       (grants - now) / 1000 + 1, 60000));
+          if (timeout < 0 || timeout > ms) timeout = ms;
+        }
         if (timeout != 0) all = SnapshotLocked();
       }
       // About to block: arm every CQ, then look once more: a completion
       // that came in before the arm raises no event.
       if (timeout != 0 && PollConnections({}, all, /*arm=*/true, &early, &skipped)) timeout = 0;
     }
+    if (timeout >= 0) may_block_.store(false);  // spinning or a timed wait
     for (auto& f : early) f();
     early.clear();
     int n;
@@ -270,6 +286,7 @@ void EngineImpl::PollerMain() {
         n = epoll_wait(poll_epfd_, evs, 64, 0);
       }
     }
+    may_block_.store(false);
     Deferred d;
     {
       ConnList ready, all;

@@ -233,6 +233,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
   if (!land.standing) {
     in_received_ += land.len;
     if (in_received_ == in_total_) in_active_ = false;
+    SetGrantDeadlineLocked(/*renew=*/true);  // progress
   }
   RepostLocked(index, d);
 }
@@ -267,6 +268,36 @@ void ConnImpl::IssueStandingGrantsLocked() {
     landings_[id] = Landing{*b, len, true};
     ++standing_out_;
   }
+}
+
+void ConnImpl::SetGrantDeadlineLocked(bool renew) {
+  if (!in_active_ || in_granted_ == in_received_) {
+    grant_deadline_us.store(0);
+  } else if (renew || grant_deadline_us.load() == 0) {
+    bool was_set = grant_deadline_us.load() != 0;
+    grant_deadline_us.store(NowMicros() +
+                            static_cast<uint64_t>(engine_->options.grant_timeout_ms) * 1000);
+    // A first deadline the poller may not have seen before it went to
+    // wait with no timeout (later ones are later: it wakes for the first).
+    if (!was_set && engine_->may_block_.load()) engine_->Wake();
+  }
+}
+
+void ConnImpl::GrantsTimedOutLocked(uint64_t now_us, Deferred* d) {
+  uint64_t deadline = grant_deadline_us.load();
+  if (deadline == 0 || now_us <= deadline || state_ == State::kClosed) return;
+  // A peer that announced a message holds the memory granted for it until
+  // it writes: one that never does (gone silent, or an attack) would keep
+  // it from every other connection.
+  fprintf(stderr,
+          "grpc_rdma: connection %s: the peer announced a %llu-byte message and left %llu "
+          "granted bytes unwritten for %d ms (TF_RDMA_GRANT_TIMEOUT_MS); closing it\n",
+          peer_.c_str(), static_cast<unsigned long long>(in_total_),
+          static_cast<unsigned long long>(in_granted_ - in_received_),
+          engine_->options.grant_timeout_ms);
+  CloseLocked(absl::UnavailableError(
+                  "the peer left memory granted to it unwritten past TF_RDMA_GRANT_TIMEOUT_MS"),
+              d, true);
 }
 
 uint32_t ConnImpl::NextGrantIdLocked() {
@@ -307,6 +338,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     landings_[id] = Landing{buf, len, false, in_granted_};
     in_granted_ += len;
   }
+  SetGrantDeadlineLocked(/*renew=*/false);
   // Also during an announced transfer: the peer uses a standing grant only
   // for a message after it (in order on the QP, so it lands after the
   // transfer's last chunk). Held back until the transfer ended, they were
