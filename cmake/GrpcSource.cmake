@@ -49,8 +49,7 @@ string(CONCAT _grpc_rdma_fix_hint
 
 if("${GRPC_RDMA_GRPC_SOURCE_DIR}" STREQUAL "")
   message(STATUS "gRPC source tree: none given (GRPC_RDMA_GRPC_SOURCE_DIR is "
-                 "empty), so gRPC's internals are not available and what needs "
-                 "them is left out. ${_grpc_rdma_fix_hint}")
+                 "empty), so gRPC's internals are not available. ${_grpc_rdma_fix_hint}")
   unset(_grpc_rdma_fix_hint)
   return()
 endif()

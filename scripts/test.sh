@@ -6,7 +6,11 @@
 #      own tests over both of its wires, and unmodified rdma-core and
 #      perftest programs over softverbs, on loopback and between two network
 #      namespaces (needs root for `ip netns`);
-#   2. the same suite again in build-asan/, built with AddressSanitizer and
+#   2. the library-only build and its Debian package (scripts/package.sh,
+#      in build-deb/): it must build, and the package must hold the library
+#      and pin the installed libgrpc (the suite's package test checks the
+#      contents of the same package built from build/);
+#   3. the same suite again in build-asan/, built with AddressSanitizer and
 #      UndefinedBehaviorSanitizer.
 #
 # Environment: GRPC_RDMA_SKIP_SANITIZERS=1 skips step 2 (quicker local runs).
@@ -25,6 +29,21 @@ run_suite() {  # NAME BUILD_DIR
 
 GRPC_RDMA_BUILD_DIR="$repo/build" scripts/setup.sh
 run_suite default "$repo/build"
+
+echo "test: the library-only build and its Debian package"
+mkdir -p "$repo/build-deb"
+# (Outputs captured first: grep -q closing a pipe early fails it under pipefail.)
+if GRPC_RDMA_PACKAGE_DIR="$repo/build-deb" scripts/package.sh >"$repo/build-deb/package.log" 2>&1 &&
+   deb=$(ls "$repo"/build-deb/grpc-rdma_*.deb) &&
+   contents=$(dpkg-deb --contents "$deb") && depends=$(dpkg-deb --field "$deb" Depends) &&
+   grep -q '/libgrpc_rdma\.so\.[0-9.]*$' <<<"$contents" &&
+   grep -q 'libgrpc[0-9]* (= ' <<<"$depends"; then
+  echo "test: package: $deb ($(grep -o 'libgrpc[0-9]* (= [^)]*)' <<<"$depends"))"
+else
+  echo "test: package: FAILED (scripts/package.sh; its log, build-deb/package.log:)"
+  tail -n 30 "$repo/build-deb/package.log"
+  status=1
+fi
 
 if [[ "${GRPC_RDMA_SKIP_SANITIZERS:-0}" != 1 ]]; then
   GRPC_RDMA_BUILD_DIR="$repo/build-asan" \
