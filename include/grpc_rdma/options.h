@@ -32,9 +32,10 @@ enum class Fallback {
 struct Options {
   // TF_RDMA_ENABLED: false leaves gRPC untouched.
   bool enabled = true;
-  // TF_RDMA_DEV_NAME: the HCA to use. When it was not set explicitly and no
-  // device has this name, the device RDMA CM resolves for the address is
-  // used; an explicitly named device that is absent is an error.
+  // TF_RDMA_DEV_NAME: the HCA to use. Set explicitly (device_explicit), it
+  // is the only device used: an address on another device goes by TCP,
+  // and a named device that is absent is an error. Otherwise the device
+  // RDMA CM resolves for each address is used.
   std::string device = "mlx5_0";
   bool device_explicit = false;
   // TF_RDMA_CHUNK_SIZE, bytes: large payloads are cut into chunks of this

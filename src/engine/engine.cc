@@ -45,7 +45,26 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
 
 // ---------------------------------------------------------------- engine ---
 
-EngineImpl::EngineImpl(const Options& o) : options(o), budget(o.buf_size) {}
+EngineImpl::EngineImpl(const Options& o)
+    : options(o), budget(o.buf_size), device_(o.device_explicit ? o.device : "") {}
+
+const char* EngineImpl::WrongDeviceLocked(ibv_context* ctx, const char* what) {
+  if (device_.empty() || ctx == nullptr) return nullptr;
+  const char* name = ibv_get_device_name(ctx->device);
+  if (name != nullptr && device_ == name) return nullptr;
+  std::string other = name != nullptr ? name : "?";
+  wrong_device_why_ = absl::StrCat(what, " is on RDMA device ", other, ", not TF_RDMA_DEV_NAME=",
+                                   device_);
+  if (std::find(wrong_devices_logged_.begin(), wrong_devices_logged_.end(), other) ==
+      wrong_devices_logged_.end()) {
+    wrong_devices_logged_.push_back(other);
+    fprintf(stderr,
+            "grpc_rdma: %s: such connections use TCP (said once per device; "
+            "GRPC_TRACE=rdma shows each)\n",
+            wrong_device_why_.c_str());
+  }
+  return wrong_device_why_.c_str();
+}
 
 void EngineImpl::Shutdown() {
   {
@@ -158,6 +177,10 @@ absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::Acc
   sockaddr_in a = addr;
   RETURN_IF_ERROR(CheckErrno(rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0,
                              "rdma_bind_addr"));
+  // A specific address is bound to its device now (a wildcard to none:
+  // requests on other devices are refused as they come).
+  if (const char* why = WrongDeviceLocked(id->verbs, "the address"))
+    return absl::FailedPreconditionError(why);
   RETURN_IF_ERROR(CheckErrno(rdma_listen(id.get(), 128) != 0, "rdma_listen"));
   uint16_t port = ntohs(rdma_get_src_port(id.get()));
   id->context = reinterpret_cast<void*>(listeners_.size() + 1);
@@ -247,6 +270,12 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   wire::Hello peer;
   const char* bad = wire::ParseHello(e->param.conn.private_data,
                                      e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
+  if (const char* why = WrongDeviceLocked(e->id->verbs, "a connection request's address")) {
+    (void)why;  // logged once per device; the client falls back to TCP
+    rdma_reject(e->id, nullptr, 0);
+    rdma_destroy_id(e->id);
+    return;
+  }
   if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] || bad != nullptr) {
     fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's (%s)\n",
             bad != nullptr ? bad : "no listener");
@@ -298,6 +327,8 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
   std::lock_guard<std::mutex> cl(c->mu());
   switch (e->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
+      if (const char* why = WrongDeviceLocked(e->id->verbs, "the server's address"))
+        return FailConnectLocked(c.get(), absl::UnavailableError(why), d);
       if (rdma_resolve_route(e->id, options.connect_timeout_ms) != 0)
         FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_route"), d);
       return;

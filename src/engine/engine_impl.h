@@ -101,6 +101,15 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   static constexpr int kSkippedRetryMs = 1;
   ConnList SnapshotLocked() const;
   // engine.cc
+  // TF_RDMA_DEV_NAME when the user named a device, else empty: then every
+  // connection and listener must be on that device (an address that
+  // resolves to another goes by TCP, with a log line once per device).
+  const std::string device_;
+  // With mu: nullptr when `ctx` is the named device (or none was named),
+  // else why not; logged the first time for each other device.
+  const char* WrongDeviceLocked(ibv_context* ctx, const char* what);
+  std::string wrong_device_why_;
+  std::vector<std::string> wrong_devices_logged_;
   // `listener`: the listening id's context, read before the event was
   // acked (e->listen_id is not kept: the id may be gone by now).
   void HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred* d);

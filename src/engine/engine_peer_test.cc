@@ -809,6 +809,56 @@ int ChildRogue(uint16_t port) {
   return 0;  // the QP is now in error; the engine must have closed its side
 }
 
+// With two devices, mlx5_0 on 127.0.0.1 and mlx5_1 on 127.0.0.2 (the
+// parent sets SOFTVERBS_DEVICES): an engine told TF_RDMA_DEV_NAME=mlx5_1
+// listens and connects on mlx5_1 only. Exit status: 0, or which check
+// failed (20-27).
+int ChildTwoDevices() {
+  auto addr = [](const char* ip, uint16_t port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    inet_pton(AF_INET, ip, &a.sin_addr);
+    return a;
+  };
+  Options named_o;
+  named_o.device = "mlx5_1";
+  named_o.device_explicit = true;
+  auto named = Engine::Create(named_o);
+  auto any = Engine::Create(Options{});
+  if (!named.ok() || !any.ok()) return 19;
+  std::mutex mu;
+  std::vector<std::shared_ptr<Connection>> accepted;
+  auto keep = [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  };
+  auto connect = [](Engine& e, sockaddr_in a) {
+    std::promise<absl::StatusOr<std::shared_ptr<Connection>>> p;
+    e.Connect(a, 5000, [&](auto r) { p.set_value(std::move(r)); });
+    return p.get_future().get();
+  };
+  auto says = [](const absl::Status& s) {
+    std::string m(s.message());
+    return m.find("RDMA device mlx5_0, not TF_RDMA_DEV_NAME=mlx5_1") != std::string::npos;
+  };
+  absl::StatusOr<uint16_t> bad = (*named)->Listen(addr("127.0.0.1", 0), keep);
+  if (bad.ok() || !says(bad.status())) return 20;
+  absl::StatusOr<uint16_t> p2 = (*named)->Listen(addr("127.0.0.2", 0), keep);
+  if (!p2.ok()) return 21;
+  absl::StatusOr<uint16_t> p1 = (*any)->Listen(addr("127.0.0.1", 0), keep);
+  if (!p1.ok()) return 22;
+  auto c = connect(**named, addr("127.0.0.1", *p1));
+  if (c.ok() || !says(c.status())) return 23;
+  if (!connect(**named, addr("127.0.0.2", *p2)).ok()) return 24;
+  // Listening on every address: requests that arrive on mlx5_0 refused.
+  absl::StatusOr<uint16_t> pw = (*named)->Listen(addr("0.0.0.0", 0), keep);
+  if (!pw.ok()) return 25;
+  if (connect(**any, addr("127.0.0.1", *pw)).ok()) return 26;
+  if (!connect(**any, addr("127.0.0.2", *pw)).ok()) return 27;
+  return 0;
+}
+
 int ChildTransfer() {
   Options o;
   o.chunk_size = 128 << 10;
@@ -976,6 +1026,23 @@ TEST(EnginePeers, GrantsLeftUnwrittenCloseTheConnection) {
       << log.Text();
 }
 
+// TF_RDMA_DEV_NAME is the device every connection uses: one that would
+// run over another device goes by TCP instead (the engine fails it, the
+// glue falls back), and the log says so once per device.
+TEST(EnginePeers, ANamedDeviceIsTheOnlyOneUsed) {
+  StderrCapture log;
+  pid_t child = Spawn({"--child", "two-devices"},
+                      {"SOFTVERBS_DEVICES=mlx5_0:127.0.0.1,mlx5_1:127.0.0.2"});
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the check that failed (ChildTwoDevices)\n" << log.Text();
+  EXPECT_TRUE(log.WaitFor("is on RDMA device mlx5_0, not TF_RDMA_DEV_NAME=mlx5_1: such "
+                          "connections use TCP",
+                          1000))
+      << log.Text();
+}
+
 }  // namespace
 }  // namespace grpc_rdma
 
@@ -989,6 +1056,7 @@ int main(int argc, char** argv) {
     if (m == "deaf") return grpc_rdma::ChildDeaf(port);
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
+    if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     return 100;
   }
   ::testing::InitGoogleTest(&argc, argv);

@@ -89,16 +89,25 @@ void DefaultDevices(Config* c) {
   }
 }
 
+// An address of this host: one an interface has, or any in a loopback
+// interface's subnet (the kernel routes all of 127.0.0.1/8 locally, so
+// 127.0.0.2 is this host's too, and two devices can sit on loopback).
 bool NetmaskFor(in_addr a, in_addr* mask) {
   ifaddrs* ifs = nullptr;
   if (getifaddrs(&ifs) != 0) return false;
   bool found = false;
   for (ifaddrs* i = ifs; i != nullptr; i = i->ifa_next) {
     if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if (reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == a.s_addr) {
-      *mask = reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr;
+    in_addr have = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr;
+    in_addr m = reinterpret_cast<sockaddr_in*>(i->ifa_netmask)->sin_addr;
+    if (have.s_addr == a.s_addr) {
+      *mask = m;
       found = true;
       break;
+    }
+    if ((i->ifa_flags & IFF_LOOPBACK) && (have.s_addr & m.s_addr) == (a.s_addr & m.s_addr)) {
+      *mask = m;
+      found = true;  // and look on: an interface that has it exactly wins
     }
   }
   freeifaddrs(ifs);
