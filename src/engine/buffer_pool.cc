@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -236,7 +237,7 @@ Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access) {
   r.dereg = [pd](const Registration& reg) {
     auto* mr = static_cast<ibv_mr*>(reg.handle);
     if (absl::Status s = CheckRet(ibv_dereg_mr(mr), "ibv_dereg_mr"); !s.ok())
-      fprintf(stderr, "grpc_rdma: %s\n", std::string(s.message()).c_str());
+      GRPC_RDMA_LOG_ERROR("%s", std::string(s.message()).c_str());
   };
   return r;
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/engine_impl.h"
 #include "engine/plan.h"
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -192,8 +193,8 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
           // its work (the peer closed or died): the close says so, the log
           // need not. Any other error is news.
           if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
-            fprintf(stderr, "grpc_rdma: connection %s: %s; closing it\n", peer_.c_str(),
-                    ibv_wc_status_str(wc[i].status));
+            GRPC_RDMA_LOG_ERROR("connection %s: %s; closing it", peer_.c_str(),
+                                ibv_wc_status_str(wc[i].status));
           }
           CloseLocked(absl::UnavailableError(absl::StrCat("RDMA completion error: ",
                                                           ibv_wc_status_str(wc[i].status))),

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -58,10 +59,10 @@ const char* EngineImpl::WrongDeviceLocked(ibv_context* ctx, const char* what) {
   if (std::find(wrong_devices_logged_.begin(), wrong_devices_logged_.end(), other) ==
       wrong_devices_logged_.end()) {
     wrong_devices_logged_.push_back(other);
-    fprintf(stderr,
-            "grpc_rdma: %s: such connections use TCP (said once per device; "
-            "GRPC_TRACE=rdma shows each)\n",
-            wrong_device_why_.c_str());
+    GRPC_RDMA_LOG_ERROR(
+        "%s: such connections use TCP (said once per device; "
+        "GRPC_TRACE=rdma shows each)",
+        wrong_device_why_.c_str());
   }
   return wrong_device_why_.c_str();
 }
@@ -121,8 +122,8 @@ void EngineImpl::WatchLocked(ConnImpl* c) {
     // something else (e.g. ELOOP: an application nesting epoll sets deeper).
     static std::atomic<bool> said{false};
     if (!said.exchange(true))
-      fprintf(stderr, "grpc_rdma: cannot watch a connection's completion channel: %s\n",
-              strerror(errno));
+      GRPC_RDMA_LOG_ERROR("cannot watch a connection's completion channel: %s",
+                          strerror(errno));
   }
 }
 
@@ -240,10 +241,10 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
   for (auto& c : draining) {
     std::lock_guard<std::mutex> cl(c->mu());
     if (c->drain_deadline_us.load() == 0) continue;  // drained meanwhile
-    fprintf(stderr,
-            "grpc_rdma: connection %s: closed, and its last sends were not acknowledged "
-            "within %d ms (the peer takes no messages); disconnecting without them\n",
-            c->PeerLocked().c_str(), ConnImpl::kDrainMs);
+    GRPC_RDMA_LOG_ERROR(
+        "connection %s: closed, and its last sends were not acknowledged "
+        "within %d ms (the peer takes no messages); disconnecting without them",
+        c->PeerLocked().c_str(), ConnImpl::kDrainMs);
     c->DisconnectNowLocked();
   }
   for (auto& c : late) {
@@ -256,10 +257,10 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
       const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(c->cm_id()));
       char ip[INET_ADDRSTRLEN] = "?";
       inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
-      fprintf(stderr,
-              "grpc_rdma: an RDMA connection from %s:%d was accepted but never established "
-              "within %d ms (TF_RDMA_CONNECT_TIMEOUT_MS); dropping it\n",
-              ip, ntohs(a->sin_port), options.connect_timeout_ms);
+      GRPC_RDMA_LOG_ERROR(
+          "an RDMA connection from %s:%d was accepted but never established "
+          "within %d ms (TF_RDMA_CONNECT_TIMEOUT_MS); dropping it",
+          ip, ntohs(a->sin_port), options.connect_timeout_ms);
     }
     FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
   }
@@ -277,8 +278,9 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
     return;
   }
   if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] || bad != nullptr) {
-    fprintf(stderr, "grpc_rdma: refusing an RDMA connection that is not grpc-rdma's (%s)\n",
-            bad != nullptr ? bad : "no listener");
+    GRPC_RDMA_LOG_ERROR(
+        "refusing an RDMA connection that is not grpc-rdma's (%s)",
+        bad != nullptr ? bad : "no listener");
     rdma_reject(e->id, nullptr, 0);
     rdma_destroy_id(e->id);
     return;
@@ -289,8 +291,8 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   absl::Status s = c->SetupLocked();
   if (s.ok()) WatchAsyncLocked(e->id->verbs);
   if (!s.ok()) {
-    fprintf(stderr, "grpc_rdma: cannot accept an RDMA connection: %s\n",
-            std::string(s.message()).c_str());
+    GRPC_RDMA_LOG_ERROR("cannot accept an RDMA connection: %s",
+                        std::string(s.message()).c_str());
     rdma_reject(e->id, nullptr, 0);
     c->CloseLocked(s, d, false);
     conns_.erase(e->id);

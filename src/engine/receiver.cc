@@ -11,6 +11,7 @@
 #include "engine/connection.h"
 #include "engine/engine_impl.h"
 #include "engine/plan.h"
+#include "verbs/log.h"
 
 namespace grpc_rdma {
 namespace {
@@ -119,14 +120,15 @@ void ConnImpl::OnQpEventLocked(ibv_event_type type, Deferred* d) {
   // The QP went to error with the event, so its flushed receives may have
   // closed the connection already (a flush says nothing of why): the log
   // line is the only place the reason shows.
-  fprintf(stderr, "grpc_rdma: connection %s: %s; %s\n", peer_.c_str(), what,
-          state_ == State::kClosed ? "it is closed" : "closing it");
+  GRPC_RDMA_LOG_ERROR("connection %s: %s; %s", peer_.c_str(), what,
+                      state_ == State::kClosed ? "it is closed" : "closing it");
   if (state_ != State::kClosed) CloseLocked(absl::UnavailableError(what), d, true);
 }
 
 void ConnImpl::Violation(const char* what, Deferred* d) {
-  fprintf(stderr, "grpc_rdma: connection %s: the peer broke the protocol (%s); closing it\n",
-          peer_.c_str(), what);
+  GRPC_RDMA_LOG_ERROR(
+      "connection %s: the peer broke the protocol (%s); closing it",
+      peer_.c_str(), what);
   CloseLocked(absl::UnavailableError(absl::StrCat("peer broke the protocol: ", what)), d, true);
 }
 
@@ -289,12 +291,13 @@ void ConnImpl::GrantsTimedOutLocked(uint64_t now_us, Deferred* d) {
   // A peer that announced a message holds the memory granted for it until
   // it writes: one that never does (gone silent, or an attack) would keep
   // it from every other connection.
-  fprintf(stderr,
-          "grpc_rdma: connection %s: the peer announced a %llu-byte message and left %llu "
-          "granted bytes unwritten for %d ms (TF_RDMA_GRANT_TIMEOUT_MS); closing it\n",
-          peer_.c_str(), static_cast<unsigned long long>(in_total_),
-          static_cast<unsigned long long>(in_granted_ - in_received_),
-          engine_->options.grant_timeout_ms);
+  GRPC_RDMA_LOG_ERROR(
+      "connection %s: the peer announced a %llu-byte message and left %llu "
+      "granted bytes unwritten for %d ms (TF_RDMA_GRANT_TIMEOUT_MS); closing "
+      "it",
+      peer_.c_str(), static_cast<unsigned long long>(in_total_),
+      static_cast<unsigned long long>(in_granted_ - in_received_),
+      engine_->options.grant_timeout_ms);
   CloseLocked(absl::UnavailableError(
                   "the peer left memory granted to it unwritten past TF_RDMA_GRANT_TIMEOUT_MS"),
               d, true);

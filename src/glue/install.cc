@@ -17,6 +17,7 @@
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
 #include "src/core/lib/iomgr/iomgr_internal.h"
+#include "verbs/log.h"
 
 // gRPC's own TCP client and server (tcp_client_posix.cc, tcp_server_posix.cc).
 extern grpc_tcp_client_vtable grpc_posix_tcp_client_vtable;
@@ -30,6 +31,14 @@ namespace {
 
 std::mutex g_install_mu;
 std::atomic<Runtime*> g_runtime{nullptr};
+
+// The library's messages (engine, verbs) through gRPC's logger, so that
+// GRPC_VERBOSITY and gpr_set_log_function apply to them as to gRPC's own.
+void GprSink(LogSeverity severity, const char* file, int line, const char* message) {
+  gpr_log(file, line,
+          severity == LogSeverity::kError ? GPR_LOG_SEVERITY_ERROR : GPR_LOG_SEVERITY_INFO,
+          "grpc_rdma: %s", message);
+}
 
 bool SameOptions(const Options& a, const Options& b) {
   return DescribeOptions(a) == DescribeOptions(b) && a.stats_dump == b.stats_dump;
@@ -46,7 +55,7 @@ void DumpStatsAtExit() {
   }
   FILE* f = fopen(where.c_str(), "w");
   if (f == nullptr) {
-    fprintf(stderr, "grpc_rdma: TF_RDMA_STATS=%s: cannot write: %s\n", where.c_str(),
+    gpr_log(GPR_ERROR, "grpc_rdma: TF_RDMA_STATS=%s: cannot write: %s", where.c_str(),
             strerror(errno));
     return;
   }
@@ -166,15 +175,16 @@ absl::Status Install(const Options& options) {
 }
 
 absl::Status Install() {
+  gpr_log_verbosity_init();  // see AutoInstall
   absl::StatusOr<Options> o = OptionsFromEnvironment();
   if (!o.ok()) {
-    fprintf(stderr, "grpc_rdma: not installed, gRPC uses TCP: %s\n",
+    gpr_log(GPR_ERROR, "grpc_rdma: not installed, gRPC uses TCP: %s",
             std::string(o.status().message()).c_str());
     return o.status();
   }
   absl::Status s = Install(*o);
   if (!s.ok()) {
-    fprintf(stderr, "grpc_rdma: not installed, gRPC uses TCP: %s\n",
+    gpr_log(GPR_ERROR, "grpc_rdma: not installed, gRPC uses TCP: %s",
             std::string(s.message()).c_str());
   }
   return s;
@@ -240,6 +250,11 @@ namespace {
 // GRPC_RDMA_NO_AUTO_INSTALL=1 leaves it to the application.
 struct AutoInstall {
   AutoInstall() {
+    // gRPC prints nothing before its verbosity is read from GRPC_VERBOSITY
+    // (grpc_init does it; doing it again is a no-op), and a message of
+    // ours may come first: a bad TF_RDMA_* variable, said right here.
+    gpr_log_verbosity_init();
+    SetLogSink(&GprSink);  // whether installed now or by the application
     const char* no = getenv("GRPC_RDMA_NO_AUTO_INSTALL");
     if (no != nullptr && strcmp(no, "1") == 0) return;
     (void)Install();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -14,7 +15,7 @@ namespace {
 
 // Teardown cannot fail upward (it runs in destructors): say what happened.
 void LogRelease(const absl::Status& s) {
-  if (!s.ok()) fprintf(stderr, "grpc_rdma: %s\n", std::string(s.message()).c_str());
+  if (!s.ok()) GRPC_RDMA_LOG_ERROR("%s", std::string(s.message()).c_str());
 }
 
 }  // namespace

@@ -6,11 +6,45 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <string>
+#include <vector>
 
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
 namespace {
+
+struct Logged {
+  LogSeverity severity;
+  std::string file, message;
+  int line;
+};
+std::vector<Logged>* g_logged = nullptr;
+
+TEST(Log, MessagesGoToTheSinkWithWhereTheyCameFrom) {
+  std::vector<Logged> got;
+  g_logged = &got;
+  SetLogSink([](LogSeverity s, const char* file, int line, const char* message) {
+    g_logged->push_back({s, file, message, line});
+  });
+  int line = __LINE__ + 1;
+  GRPC_RDMA_LOG_ERROR("connection %s: %d", "10.0.0.1:5", 42);
+  std::string big(3000, 'x');
+  GRPC_RDMA_LOG_ERROR("%s", big.c_str());
+  SetLogSink(nullptr);
+  testing::internal::CaptureStderr();
+  GRPC_RDMA_LOG_ERROR("to stderr %d", 7);
+  std::string err = testing::internal::GetCapturedStderr();
+  g_logged = nullptr;
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].severity, LogSeverity::kError);
+  EXPECT_EQ(got[0].message, "connection 10.0.0.1:5: 42");
+  EXPECT_NE(got[0].file.find("verbs_test.cc"), std::string::npos) << got[0].file;
+  EXPECT_EQ(got[0].line, line);
+  EXPECT_EQ(got[1].message, std::string(1023, 'x')) << "long messages are cut, not dropped";
+  EXPECT_EQ(err, "grpc_rdma: to stderr 7\n") << "without a sink: stderr, prefixed";
+}
 
 TEST(Status, NamesTheCallAndTheObjectForEitherSign) {
   absl::Status a = ErrnoStatus(EINVAL, "ibv_modify_qp(RTR)", QpName(0x1a2));

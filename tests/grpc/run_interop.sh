@@ -33,10 +33,15 @@
 #   no-device  TF_RDMA_DEV_NAME names an absent device: at the default
 #              verbosity, one ERROR line says RDMA is off and why; TCP
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
+#   dev-name   two devices on the client (mlx5_0 on 127.0.0.1, mlx5_1 on
+#              127.0.0.2) and TF_RDMA_DEV_NAME=mlx5_1, the server on
+#              127.0.0.1: TCP, with the engine's line through gRPC's logger
+#              (an "E..." line; gone with GRPC_VERBOSITY=NONE); named
+#              mlx5_0 instead: RDMA
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool mixed-chunks acc-1m buf-edge no-device trace)
+       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -328,6 +333,23 @@ case "$CASE" in
     [ "$(grep -c "RDMA is off" "$TMP/client.err")" -eq 1 ] || fail "not exactly one 'RDMA is off' line"
     expect "$C" tcp_client_connections ge 1
     expect "$C" rdma_client_connections eq 0
+    ;;
+  dev-name)
+    two=SOFTVERBS_DEVICES=mlx5_0:127.0.0.1,mlx5_1:127.0.0.2
+    line="grpc_rdma: the server's address is on RDMA device mlx5_0, not TF_RDMA_DEV_NAME=mlx5_1"
+    if start_server "" 127.0.0.1 1; then
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "$two" TF_RDMA_DEV_NAME=mlx5_1
+      grep -q "^E[0-9]\{4\} .*engine\.cc:[0-9]*\] *$line" "$TMP/client.err" ||
+        fail "no ERROR line from gRPC's logger naming both devices: $(head -c 300 "$TMP/client.err")"
+      expect "$C" tcp_client_connections ge 1
+      expect "$C" rdma_client_connections eq 0
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "$two" TF_RDMA_DEV_NAME=mlx5_1 GRPC_VERBOSITY=NONE
+      grep -q "$line" "$TMP/client.err" && fail "GRPC_VERBOSITY=NONE did not silence the line"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "$two" TF_RDMA_DEV_NAME=mlx5_0
+      expect "$C" rdma_client_connections ge 1
+      expect "$C" tcp_client_connections eq 0
+      stop_server
+    fi
     ;;
   trace)
     start_server "" 127.0.0.1 1 GRPC_TRACE=rdma GRPC_VERBOSITY=info &&
