@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <map>
+#include <mutex>
 #include <set>
 #include <vector>
 
@@ -49,6 +51,13 @@ struct CmId {
   std::condition_variable acked;
   bool owns_cqs = false;
   CmId* listener = nullptr;  // for a child, until it is accepted
+  // RDMA_OPTION_ID_ACK_TIMEOUT: the QP's local ACK timeout (4.096 us x 2^n).
+  uint8_t ack_timeout = 14;
+  // rdma_create_ep on the passive side with QP attributes: each request
+  // rdma_get_request hands out gets a QP made with these.
+  bool ep_qp = false;
+  ibv_qp_init_attr ep_attr{};
+  ibv_pd* ep_pd = nullptr;
 };
 
 constexpr size_t kReqPdata = 56;   // RDMA_PS_TCP REQ private data
@@ -232,6 +241,17 @@ Qp* IdQp(CmId* id) {
   return it == Rt().qps.end() ? nullptr : it->second;
 }
 
+// The device's own PD, for a QP made with none (as librdmacm keeps one per
+// device): made once per context, kept for the life of the process.
+ibv_pd* DefaultPd(ibv_context* ctx) {
+  static std::mutex mu;
+  static std::map<ibv_context*, ibv_pd*>* pds = new std::map<ibv_context*, ibv_pd*>;
+  std::lock_guard<std::mutex> g(mu);
+  ibv_pd*& pd = (*pds)[ctx];
+  if (pd == nullptr) pd = ibv_alloc_pd(ctx);
+  return pd;
+}
+
 // Moves a CM-managed QP to RTS against the peer's QPN and binds the link.
 void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   Qp* qp = IdQp(id);
@@ -243,6 +263,7 @@ void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   if (qp->qp.state == IBV_QPS_INIT) qp->qp.state = IBV_QPS_RTR;
   qp->rnr_retry = mine.rnr_retry_count > 7 ? 7 : mine.rnr_retry_count;
   qp->retry_cnt = mine.retry_count > 7 ? 7 : mine.retry_count;
+  qp->timeout = id->ack_timeout;
   if (qp->qp.state == IBV_QPS_RTR) qp->qp.state = IBV_QPS_RTS;
   if (qp->link != nullptr && qp->link != id->link) {
     Link* old = qp->link;
@@ -779,6 +800,8 @@ int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
   CmId* id = ToId(cid);
   if (id->id.verbs == nullptr || attr == nullptr) return Fail(EINVAL);
   if (pd == nullptr) pd = id->id.pd;
+  if (pd == nullptr) pd = DefaultPd(id->id.verbs);
+  if (pd == nullptr) return -1;
   ibv_qp_init_attr a = *attr;
   bool made_cqs = false;
   if (a.send_cq == nullptr || a.recv_cq == nullptr) {
@@ -1053,7 +1076,33 @@ const char* rdma_event_str(rdma_cm_event_type event) {
   return (event >= 0 && event < 16) ? kNames[event] : "UNKNOWN EVENT";
 }
 
-int rdma_set_option(rdma_cm_id*, int, int, void*, size_t) { return 0; }
+// As librdmacm: an unknown level or option is ENOSYS, a value of the wrong
+// size EINVAL. The ACK timeout goes to the QP the CM moves to RTS (and to
+// rdma_init_qp_attr); the others are accepted and have no effect here.
+int rdma_set_option(rdma_cm_id* cid, int level, int optname, void* optval, size_t optlen) {
+  if (cid == nullptr || optval == nullptr) return Fail(EINVAL);
+  if (level == RDMA_OPTION_IB && optname == RDMA_OPTION_IB_PATH) return 0;
+  if (level != RDMA_OPTION_ID) return Fail(ENOSYS);
+  switch (optname) {
+    case RDMA_OPTION_ID_TOS:
+      return optlen == sizeof(uint8_t) ? 0 : Fail(EINVAL);
+    case RDMA_OPTION_ID_REUSEADDR:
+    case RDMA_OPTION_ID_AFONLY:
+      return optlen == sizeof(int) ? 0 : Fail(EINVAL);
+    case RDMA_OPTION_ID_ACK_TIMEOUT: {
+      if (optlen != sizeof(uint8_t)) return Fail(EINVAL);
+      uint8_t t = *static_cast<uint8_t*>(optval);
+      if (t > 31) return Fail(EINVAL);
+      std::lock_guard<std::mutex> g(Rt().mu);
+      CmId* id = ToId(cid);
+      id->ack_timeout = t;
+      if (Qp* qp = IdQp(id)) qp->timeout = t;  // a QP already past RTS keeps up
+      return 0;
+    }
+    default:
+      return Fail(ENOSYS);
+  }
+}
 
 int rdma_migrate_id(rdma_cm_id* cid, rdma_event_channel* channel) {
   CmId* id = ToId(cid);
@@ -1107,7 +1156,7 @@ int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
   } else if (want == IBV_QPS_RTS) {
     attr->qp_state = IBV_QPS_RTS;
-    attr->timeout = 14;
+    attr->timeout = id->ack_timeout;
     attr->retry_cnt = 7;
     attr->rnr_retry = 7;
     attr->max_rd_atomic = id->peer.initiator_depth;
@@ -1178,6 +1227,14 @@ int rdma_create_ep(rdma_cm_id** out, rdma_addrinfo* res, ibv_pd* pd,
   }
   if (r == 0 && qp_init_attr != nullptr && !(res->ai_flags & RAI_PASSIVE))
     r = rdma_create_qp(id, pd, qp_init_attr);
+  if (r == 0 && qp_init_attr != nullptr && (res->ai_flags & RAI_PASSIVE)) {
+    // For the requests rdma_get_request will hand out (librdmacm does the
+    // same): each gets a QP with these attributes.
+    CmId* c = ToId(id);
+    c->ep_qp = true;
+    c->ep_attr = *qp_init_attr;
+    c->ep_pd = pd;
+  }
   if (r != 0) {
     int e = errno;
     rdma_destroy_id(id);
@@ -1198,8 +1255,19 @@ int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** out) {
   if (!id->sync) return Fail(EINVAL);
   rdma_cm_event* e = nullptr;
   if (WaitSync(id, RDMA_CM_EVENT_CONNECT_REQUEST, &e) != 0) return -1;
-  *out = e->id;
+  rdma_cm_id* req = e->id;
   rdma_ack_cm_event(e);
+  if (id->ep_qp) {
+    ibv_qp_init_attr a = id->ep_attr;
+    if (rdma_create_qp(req, id->ep_pd, &a) != 0) {
+      int err = errno;
+      rdma_reject(req, nullptr, 0);
+      rdma_destroy_id(req);
+      errno = err;
+      return -1;
+    }
+  }
+  *out = req;
   return 0;
 }
 

@@ -44,7 +44,10 @@ void FillDeviceAttr(Device* d, ibv_device_attr* a) {
   a->sys_image_guid = d->guid;
   a->max_mr_size = 1ULL << 40;
   a->page_size_cap = 0xfffff000;
-  a->vendor_id = 0;       // unknown vendor: tools take their generic paths
+  // No IEEE OUI of its own: the value software devices report (rxe does),
+  // never a hardware vendor's, so tools take their generic paths; 0 reads
+  // as "no device" to some (rdma-core's device test).
+  a->vendor_id = 0xffffff;
   a->vendor_part_id = 0;
   a->hw_ver = 1;
   a->max_qp = 65536;
@@ -96,6 +99,7 @@ int QueryDeviceExOp(ibv_context* ctx, const ibv_query_device_ex_input*,
   ibv_device_attr_ex full;
   memset(&full, 0, sizeof(full));
   FillDeviceAttr(DevOf(ctx), &full.orig_attr);
+  full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   full.max_dm_size = 0;
   memcpy(attr, &full, std::min(len, sizeof(full)));
   return 0;
@@ -216,9 +220,11 @@ int _ibv_query_gid_ex(ibv_context* context, uint32_t port, uint32_t index,
   return 0;
 }
 
+// The whole table (one GID here) or EINVAL when it does not fit, as
+// libibverbs does: never a partial table.
 ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max,
                              uint32_t flags, size_t size) {
-  if (max == 0) return 0;
+  if (max < 1) return -EINVAL;
   int r = _ibv_query_gid_ex(context, 1, 0, entries, flags, size);
   return r == 0 ? 1 : -r;
 }
@@ -265,9 +271,11 @@ int ibv_dealloc_pd(ibv_pd* ibpd) {
 
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                          unsigned int access) {
+  // MW_BIND is accepted as the kernel does; a device without memory
+  // windows (this one) fails later, at ibv_alloc_mw, with EOPNOTSUPP.
   constexpr unsigned kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                              IBV_ACCESS_RELAXED_ORDERING;
+                              IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING;
   if ((access & ~kKnown) != 0 ||
       ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
        !(access & IBV_ACCESS_LOCAL_WRITE)) ||
@@ -304,7 +312,40 @@ ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
   return nullptr;
 }
 
-int ibv_rereg_mr(ibv_mr*, int, ibv_pd*, void*, size_t, int) { return EOPNOTSUPP; }
+// rdma-core's convention: 0, or an ibv_rereg_mr_err_code with errno set.
+// The keys stay; what a flag names changes, checked as ibv_reg_mr checks it.
+int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length, int access) {
+  constexpr int kFlags =
+      IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+  if (ibmr == nullptr || flags == 0 || (flags & ~kFlags) != 0 ||
+      ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) && (addr == nullptr || length == 0)) ||
+      ((flags & IBV_REREG_MR_CHANGE_PD) && pd == nullptr) ||
+      (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
+    errno = EINVAL;
+    return IBV_REREG_MR_ERR_INPUT;
+  }
+  std::lock_guard<std::mutex> g(Rt().mu);
+  Mr* mr = ToMr(ibmr);
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) {
+    constexpr unsigned kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
+                                IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING;
+    unsigned a = static_cast<unsigned>(access);
+    if ((a & ~kKnown) != 0 ||
+        ((a & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
+         !(a & IBV_ACCESS_LOCAL_WRITE))) {
+      errno = EINVAL;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
+    mr->access = access;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    mr->mr.addr = addr;
+    mr->mr.length = length;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_PD) mr->mr.pd = pd;
+  return 0;
+}
 
 int ibv_dereg_mr(ibv_mr* ibmr) {
   std::lock_guard<std::mutex> g(Rt().mu);
@@ -490,10 +531,14 @@ void ibv_unimport_dm(ibv_dm*) {}
 
 // ---------------------------------------------------------------- fork ---
 
+// softverbs pins nothing (registration leaves pages as they are), so a
+// child never shares a registered page by accident: fork needs no care,
+// which libibverbs says as IBV_FORK_UNNEEDED (as on kernels with
+// copy-on-fork for pinned pages), before and after ibv_fork_init.
 int ibv_fork_init(void) { return 0; }
 int ibv_dontfork_range(void*, size_t) { return 0; }
 int ibv_dofork_range(void*, size_t) { return 0; }
-enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_DISABLED; }
+enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 
 // ------------------------------------------------------------- strings ---
 

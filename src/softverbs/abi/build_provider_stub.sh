@@ -37,10 +37,21 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 "$here/gen_version_map.sh" "$lib" > "$work/$soname.map"
-"$here/gen_trap_stubs.sh" --self-contained "$lib" /dev/null > "$work/$soname.stubs.c"
+# Exports that answer instead of trapping (capability checks): defined in
+# provider_answers/<name>.c, one definition per line start.
+answers="$here/provider_answers/${soname%%.so*}.c"
+implemented=/dev/null
+extra=()
+if [[ -f $answers ]]; then
+    sed -n 's/^[A-Za-z_][A-Za-z0-9_ ]*[ *]\([A-Za-z_][A-Za-z0-9_]*\)(.*/\1/p' "$answers" \
+        > "$work/implemented.txt"
+    implemented=$work/implemented.txt
+    extra=("$answers")
+fi
+"$here/gen_trap_stubs.sh" --self-contained "$lib" "$implemented" > "$work/$soname.stubs.c"
 
 # shellcheck disable=SC2086  # CFLAGS is a list of words
-${CC:-cc} ${CFLAGS:--O2} -fPIC -shared -x c "$work/$soname.stubs.c" \
+${CC:-cc} ${CFLAGS:--O2} -fPIC -shared -x c "$work/$soname.stubs.c" "${extra[@]}" \
     -Wl,-soname,"$soname" -Wl,--version-script="$work/$soname.map" -Wl,-z,defs \
     -o "$work/$soname"
 

@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <rdma/rdma_verbs.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -219,6 +221,122 @@ TEST(Cm, ARequestTakesTheListenersContextWhenItIsGot) {
   rdma_ack_cm_event(e);
   rdma_reject(child, nullptr, 0);
   rdma_destroy_id(child);
+}
+
+// RDMA_OPTION_ID_ACK_TIMEOUT reaches the QP (it was accepted and dropped:
+// the QP kept 14); sizes and unknown options fail as librdmacm's do.
+TEST(Cm, AckTimeoutOptionReachesTheQp) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  ibv_qp_init_attr qa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(c.id, nullptr, &qa), 0);
+  int wide = 21;
+  EXPECT_EQ(rdma_set_option(c.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &wide, sizeof(wide)),
+            -1);
+  EXPECT_EQ(errno, EINVAL);
+  uint8_t t = 21;
+  EXPECT_EQ(rdma_set_option(c.id, 7, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)), -1);
+  EXPECT_EQ(errno, ENOSYS);
+  ASSERT_EQ(rdma_set_option(c.id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTS;
+  int mask = 0;
+  ASSERT_EQ(rdma_init_qp_attr(c.id, &a, &mask), 0);
+  EXPECT_EQ(a.timeout, 21);
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr sa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
+  ASSERT_EQ(rdma_accept(child, nullptr), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e) rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e) rdma_ack_cm_event(e);
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(c.id->qp, &a, IBV_QP_TIMEOUT, &init), 0);
+  EXPECT_EQ(a.timeout, 21) << "the connected QP's ACK timeout";
+  ASSERT_EQ(ibv_query_qp(child->qp, &a, IBV_QP_TIMEOUT, &init), 0);
+  EXPECT_EQ(a.timeout, 14) << "the other side keeps the default";
+  rdma_disconnect(c.id);
+  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  rdma_destroy_qp(child);
+  rdma_destroy_id(child);
+}
+
+// The synchronous server of librdmacm's examples (rdma_server): an
+// endpoint made with QP attributes hands out requests that have a QP, so
+// a receive can be posted before the accept (it crashed: no QP).
+TEST(Cm, ASynchronousServerEndpointHandsOutRequestsWithQps) {
+  uint16_t port = static_cast<uint16_t>(g_port.fetch_add(1));
+  std::string service = std::to_string(port);
+  rdma_addrinfo hints{}, *res = nullptr;
+  hints.ai_flags = RAI_PASSIVE;
+  hints.ai_port_space = RDMA_PS_TCP;
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", service.c_str(), &hints, &res), 0);
+  ibv_qp_init_attr qa = QpAttr();
+  qa.cap.max_inline_data = 16;
+  qa.sq_sig_all = 1;
+  rdma_cm_id* listen = nullptr;
+  ASSERT_EQ(rdma_create_ep(&listen, res, nullptr, &qa), 0) << strerror(errno);
+  rdma_freeaddrinfo(res);
+  ASSERT_EQ(rdma_listen(listen, 1), 0);
+
+  std::atomic<int> client_rc{-100};
+  std::thread client([&] {
+    rdma_addrinfo h{}, *r = nullptr;
+    h.ai_port_space = RDMA_PS_TCP;
+    if (rdma_getaddrinfo("127.0.0.1", service.c_str(), &h, &r) != 0) return client_rc.store(1);
+    ibv_qp_init_attr ca = QpAttr();
+    ca.cap.max_inline_data = 16;
+    ca.sq_sig_all = 1;
+    rdma_cm_id* id = nullptr;
+    int rc = rdma_create_ep(&id, r, nullptr, &ca);
+    rdma_freeaddrinfo(r);
+    if (rc != 0) return client_rc.store(2);
+    if (rdma_connect(id, nullptr) != 0) return client_rc.store(3);
+    char msg[16] = "sync hello";
+    if (rdma_post_send(id, nullptr, msg, sizeof(msg), nullptr, IBV_SEND_INLINE) != 0)
+      return client_rc.store(4);
+    ibv_wc wc;
+    if (rdma_get_send_comp(id, &wc) <= 0 || wc.status != IBV_WC_SUCCESS) return client_rc.store(5);
+    rdma_disconnect(id);
+    rdma_destroy_ep(id);
+    client_rc.store(0);
+  });
+  struct Join {  // on every way out (a refused request ends the connect)
+    std::thread& t;
+    ~Join() { t.join(); }
+  } join{client};
+
+  rdma_cm_id* req = nullptr;
+  ASSERT_EQ(rdma_get_request(listen, &req), 0) << strerror(errno);
+  if (req->qp == nullptr) {
+    ADD_FAILURE() << "the request has no QP (the endpoint's attributes were dropped)";
+    rdma_reject(req, nullptr, 0);
+    return;
+  }
+  char buf[16] = {};
+  ibv_mr* mr = rdma_reg_msgs(req, buf, sizeof(buf));
+  ASSERT_NE(mr, nullptr);
+  ASSERT_EQ(rdma_post_recv(req, nullptr, buf, sizeof(buf), mr), 0);
+  ASSERT_EQ(rdma_accept(req, nullptr), 0) << strerror(errno);
+  ibv_wc wc{};
+  ASSERT_EQ(rdma_get_recv_comp(req, &wc), 1);
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_STREQ(buf, "sync hello");
+  client.join();
+  client = std::thread([] {});  // for Join
+  EXPECT_EQ(client_rc.load(), 0) << "the client's step that failed";
+  rdma_disconnect(req);
+  rdma_dereg_mr(mr);
+  rdma_destroy_ep(req);
+  rdma_destroy_ep(listen);
 }
 
 TEST(Cm, NobodyListeningIsRejected) {

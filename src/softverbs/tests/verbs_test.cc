@@ -1,11 +1,13 @@
 // softverbs through the public libibverbs API: data movement, every error
 // completion a real HCA gives, the QP state machine and completion channels.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <string.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "sv_test_util.h"
@@ -373,6 +375,94 @@ TEST(MemoryRegion, RemoteWriteNeedsLocalWrite) {
   ibv_dereg_mr(mr);
   EXPECT_EQ(ibv_dealloc_pd(pd), 0);
   ibv_close_device(ctx);
+}
+
+// What rdma-core's own tests found different from libibverbs and the
+// kernel (each failed before its fix).
+TEST(Conformance, DeviceAttributesAsLibibverbsGivesThem) {
+  ibv_context* ctx = OpenDevice();
+  ASSERT_NE(ctx, nullptr);
+  ibv_device_attr_ex ex{};
+  ASSERT_EQ(ibv_query_device_ex(ctx, nullptr, &ex), 0);
+  EXPECT_EQ(ex.phys_port_cnt_ex, ex.orig_attr.phys_port_cnt) << "phys_port_cnt_ex left 0";
+  EXPECT_EQ(ex.phys_port_cnt_ex, 1u);
+  EXPECT_NE(ex.orig_attr.vendor_id, 0u) << "vendor id 0 reads as no device";
+  // The GID table whole, or EINVAL when it does not fit; never part of it.
+  ibv_gid_entry entries[4]{};
+  EXPECT_EQ(ibv_query_gid_table(ctx, entries, 4, 0), 1);
+  EXPECT_EQ(ibv_query_gid_table(ctx, entries, 0, 0), -EINVAL);
+  ibv_close_device(ctx);
+}
+
+// softverbs' stand-in for libmlx5 answers the direct-verbs capability
+// check with "no" instead of aborting (every other export still traps).
+TEST(Conformance, Mlx5CapabilityCheckSaysNo) {
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&ibv_get_device_list), &info), 0);
+  std::string dir(info.dli_fname);
+  dir.resize(dir.rfind('/'));
+  void* h = dlopen((dir + "/libmlx5.so.1").c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(h, nullptr) << "no stand-in libmlx5.so.1 beside " << info.dli_fname << ": "
+                        << dlerror();
+  auto is_supported = reinterpret_cast<bool (*)(ibv_device*)>(dlsym(h, "mlx5dv_is_supported"));
+  ASSERT_NE(is_supported, nullptr);
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  ASSERT_GT(n, 0);
+  EXPECT_FALSE(is_supported(list[0]));
+  ibv_free_device_list(list);
+}
+
+TEST(Conformance, ForkNeedsNoCareAndSaysSo) {
+  EXPECT_EQ(ibv_is_fork_initialized(), IBV_FORK_UNNEEDED);
+  EXPECT_EQ(ibv_fork_init(), 0);
+  EXPECT_NE(ibv_is_fork_initialized(), IBV_FORK_DISABLED)
+      << "ibv_fork_init succeeded, so fork is safe";
+}
+
+TEST(Conformance, MwBindAccessIsAcceptedAndWindowsAreNotSupported) {
+  ibv_context* ctx = OpenDevice();
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  char buf[64];
+  ibv_mr* mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+  EXPECT_NE(mr, nullptr) << strerror(errno);
+  errno = 0;
+  EXPECT_EQ(ibv_alloc_mw(pd, IBV_MW_TYPE_1), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  if (mr) ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
+TEST_F(VerbsTest, RereggedRegionIsUsedByItsNewAddressAndRights) {
+  // rdma-core's convention: 0, or a negative ibv_rereg_mr_err_code with
+  // errno set.
+  Buffer& local = Buf(a_.pd, 64);
+  Buffer& remote = Buf(b_.pd, 64, IBV_ACCESS_LOCAL_WRITE);
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(remote.mr, 0x80, nullptr, nullptr, 0, 0), IBV_REREG_MR_ERR_INPUT);
+  EXPECT_EQ(errno, EINVAL);
+  EXPECT_EQ(ibv_rereg_mr(remote.mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, nullptr, 0, 0),
+            IBV_REREG_MR_ERR_INPUT)
+      << "a new translation needs an address and a length";
+  // Writable from afar now, and at a new place.
+  std::vector<char> moved(64, 0);
+  ASSERT_EQ(ibv_rereg_mr(remote.mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+                         nullptr, moved.data(), moved.size(), kAll),
+            0);
+  Fill(local.data.data(), 64, 21);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_RDMA_WRITE, local, 0, 64, 1, IBV_SEND_SIGNALED,
+                     reinterpret_cast<uint64_t>(moved.data()), remote.mr->rkey),
+            0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(tx[0].status);
+  EXPECT_TRUE(Check(moved.data(), 64, 21));
+  // Back where it was, without remote rights: refused.
+  ASSERT_EQ(ibv_rereg_mr(remote.mr, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+                         nullptr, remote.data.data(), 64, IBV_ACCESS_LOCAL_WRITE),
+            0);
 }
 
 class RnrTest : public VerbsTest {
