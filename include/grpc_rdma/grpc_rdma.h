@@ -25,6 +25,27 @@
 #include "absl/status/statusor.h"
 #include "grpc_rdma/options.h"
 
+// gRPC channel and server arguments that override the environment for one
+// channel or one server (the environment stays the default):
+//
+//   grpc::ChannelArguments args;
+//   args.SetInt(GRPC_RDMA_ARG_ENABLED, 0);        // this channel: TCP only
+//   args.SetString(GRPC_RDMA_ARG_FALLBACK, "none");
+//   grpc::ServerBuilder b;
+//   b.AddChannelArgument(GRPC_RDMA_ARG_ENABLED, 0);  // this server: TCP only
+//
+// A bad value is logged once and the environment's setting used.
+//
+// int 0 or 1 (default 1): 0 makes the channel connect by TCP, or the
+// server listen on TCP only (not on RDMA CM), whatever TF_RDMA_ENABLED says.
+// 1 changes nothing: RDMA off in the process stays off.
+#define GRPC_RDMA_ARG_ENABLED "grpc.rdma.enabled"
+// string "tcp" or "none": TF_RDMA_FALLBACK for this channel.
+#define GRPC_RDMA_ARG_FALLBACK "grpc.rdma.fallback"
+// int, milliseconds, 1 to 600000: TF_RDMA_CONNECT_TIMEOUT_MS for this
+// channel.
+#define GRPC_RDMA_ARG_CONNECT_TIMEOUT_MS "grpc.rdma.connect_timeout_ms"
+
 namespace grpc_rdma {
 
 // Parses the TF_RDMA_* variables (InvalidArgument names every bad one).

@@ -10,10 +10,12 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "glue/args.h"
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
+#include "grpc_rdma/grpc_rdma.h"
 #include "src/core/lib/event_engine/channel_args_endpoint_config.h"
 #include "src/core/lib/iomgr/exec_ctx.h"
 
@@ -34,6 +36,7 @@ struct Attempt {
   grpc_resolved_address addr;
   grpc_core::Timestamp deadline;
   std::string key;  // "ip:port"
+  ArgSettings settings;  // the environment's, or the channel's arguments
   bool tcp = false;        // handed to gRPC's TCP client
   int64_t tcp_handle = 0;  // its handle (0: it completes without one)
   grpc_closure tcp_done;
@@ -98,10 +101,12 @@ void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
     grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, absl::OkStatus());
     return;
   }
-  if (rt->options().fallback == Fallback::kNone) {
+  if (a->settings.fallback == Fallback::kNone) {
     P().attempts.erase(a->handle);
     lock.unlock();
-    gpr_log(GPR_ERROR, "grpc_rdma: no RDMA connection to %s (%s) and TF_RDMA_FALLBACK=none",
+    gpr_log(GPR_ERROR,
+            "grpc_rdma: no RDMA connection to %s (%s) and TF_RDMA_FALLBACK=none (or the "
+            "channel's " GRPC_RDMA_ARG_FALLBACK ")",
             a->key.c_str(), std::string(r.status().message()).c_str());
     *a->endpoint = nullptr;
     grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, ToGrpcError(r.status()));
@@ -134,6 +139,7 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
                                      deadline);
   }
   a->config = *args;
+  a->settings = SettingsFor(config, rt->options());
   sockaddr_in sin{};
   bool v4 = ToIpv4(addr, &sin);
   if (v4) {
@@ -142,8 +148,11 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
     a->key = absl::StrCat(ip, ":", ntohs(sin.sin_port));
   }
   int64_t left_ms = (deadline - grpc_core::Timestamp::Now()).millis();
-  Engine* engine = v4 ? rt->engine() : nullptr;
-  bool remembered = engine != nullptr && rt->RecentlyFailed(a->key);
+  Engine* engine = v4 && a->settings.enabled ? rt->engine() : nullptr;
+  // A channel that must not fall back tries RDMA even where others found
+  // none lately.
+  bool remembered = engine != nullptr && a->settings.fallback == Fallback::kTcp &&
+                    rt->RecentlyFailed(a->key);
   {
     std::lock_guard<std::mutex> g(P().mu);
     P().attempts[a->handle] = a;
@@ -155,7 +164,7 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
   }
   // Without the lock: the engine may answer on this very thread (a CM id
   // or address it cannot make), and the answer takes the lock.
-  int timeout = static_cast<int>(std::min<int64_t>(rt->options().connect_timeout_ms, left_ms));
+  int timeout = static_cast<int>(std::min<int64_t>(a->settings.connect_timeout_ms, left_ms));
   GRPC_RDMA_TRACE("%s: connecting over RDMA (timeout %d ms)", a->key.c_str(), timeout);
   engine->Connect(sin, timeout, [a](absl::StatusOr<std::shared_ptr<Connection>> r) {
     OnRdmaConnected(a, std::move(r));

@@ -10,10 +10,12 @@
 #include <set>
 #include <vector>
 
+#include "glue/args.h"
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
+#include "grpc_rdma/grpc_rdma.h"
 #include "src/core/lib/iomgr/exec_ctx.h"
 
 namespace grpc_rdma {
@@ -42,6 +44,7 @@ struct Server {
   std::mutex mu;
   std::vector<sockaddr_in> rdma_listeners;
   unsigned ports_added = 0;
+  bool rdma = true;  // GRPC_RDMA_ARG_ENABLED=0: TCP only
 };
 
 grpc_tcp_server_vtable* Tcp() { return Runtime::Get()->tcp_server(); }
@@ -149,6 +152,7 @@ grpc_error_handle Create(grpc_closure* shutdown_complete,
                          grpc_tcp_server** server) {
   auto* s = new Server;
   s->shutdown_complete = shutdown_complete;
+  s->rdma = SettingsFor(config, Runtime::Get()->options()).enabled;
   GRPC_CLOSURE_INIT(&s->on_tcp_destroyed, OnTcpDestroyed, s, nullptr);
   grpc_error_handle err = Tcp()->create(&s->on_tcp_destroyed, config, &s->tcp);
   if (!err.ok()) {
@@ -200,6 +204,10 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
     return err;  // IPv6 only: TCP alone
   }
   sin.sin_port = htons(static_cast<uint16_t>(*out_port));
+  if (!s->rdma) {
+    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_ENABLED "=0)", *out_port);
+    return err;
+  }
   Engine* engine = Runtime::Get()->engine();
   if (engine == nullptr) return err;
   std::weak_ptr<AcceptState> weak = s->as;

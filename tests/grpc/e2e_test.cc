@@ -3,10 +3,12 @@
 // compiled with no reference to grpc-rdma; CTest runs it twice, once with
 // the library preloaded and once linked (tests/grpc/CMakeLists.txt). Every
 // test reads the library's counters to prove which transport carried it.
+#include <grpc/support/log.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -285,6 +287,94 @@ TEST_F(E2eTest, LocalTcpCredentials) {
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_TRUE(resp.data() == req.data());
   ExpectRdma(1, 100000);
+}
+
+// gRPC-native controls, by their names (this file knows nothing of the
+// library): a channel argument turns RDMA off for one channel, a server
+// argument makes a server listen on TCP only, a channel that must not fall
+// back fails there, and a bad value is logged and ignored.
+grpc::Status CallOnce(const std::string& target, const grpc::ChannelArguments& args) {
+  auto stub = Echo::NewStub(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  Blob req, resp;
+  req.set_data(Pattern(20000, 31));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::seconds(20));
+  grpc::Status s = stub->Unary(&ctx, req, &resp);
+  if (s.ok() && resp.data() != req.data()) return grpc::Status(grpc::StatusCode::DATA_LOSS, "");
+  return s;
+}
+
+TEST_F(E2eTest, AChannelArgumentTurnsRdmaOffForThatChannel) {
+  grpc::ChannelArguments off = BigMessageArgs();
+  off.SetInt("grpc.rdma.enabled", 0);
+  grpc::Status s = CallOnce("127.0.0.1:" + std::to_string(port_), off);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GE(Delta("tcp_client_connections"), 1);
+  EXPECT_EQ(Delta("rdma_client_connections"), 0);
+  EXPECT_EQ(Delta("fallbacks"), 0) << "not a fallback: RDMA was not tried";
+  before_ = RdmaStats();
+  s = CallOnce("127.0.0.1:" + std::to_string(port_), BigMessageArgs());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectRdma(1, 20000);
+}
+
+TEST_F(E2eTest, AServerArgumentMakesItListenOnTcpOnly) {
+  EchoService service;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  b.AddChannelArgument("grpc.rdma.enabled", 0);
+  auto server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  std::string target = "127.0.0.1:" + std::to_string(port);
+  // No RDMA CM listener there: a channel that must not fall back fails...
+  grpc::ChannelArguments none = BigMessageArgs();
+  none.SetString("grpc.rdma.fallback", "none");
+  grpc::Status s = CallOnce(target, none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(Delta("rdma_server_connections"), 0);
+  EXPECT_EQ(Delta("tcp_client_connections"), 0);
+  // ...and one that may, goes by TCP.
+  s = CallOnce(target, BigMessageArgs());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GE(Delta("fallbacks") + Delta("fallbacks_remembered"), 1);
+  EXPECT_GE(Delta("tcp_client_connections"), 1);
+  EXPECT_GE(Delta("tcp_server_connections"), 1);
+  EXPECT_EQ(Delta("rdma_server_connections"), 0);
+  server->Shutdown(Clock::now());
+}
+
+std::vector<std::string>* g_log_lines = nullptr;
+std::mutex g_log_mu;
+
+TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
+  std::vector<std::string> lines;
+  {
+    std::lock_guard<std::mutex> l(g_log_mu);
+    g_log_lines = &lines;
+  }
+  gpr_set_log_function([](gpr_log_func_args* a) {
+    std::lock_guard<std::mutex> l(g_log_mu);
+    if (g_log_lines != nullptr) g_log_lines->push_back(a->message);
+  });
+  grpc::ChannelArguments bad = BigMessageArgs();
+  bad.SetString("grpc.rdma.fallback", "sometimes");
+  bad.SetInt("grpc.rdma.connect_timeout_ms", 0);
+  grpc::Status s = CallOnce("127.0.0.1:" + std::to_string(port_), bad);
+  gpr_set_log_function(nullptr);
+  std::lock_guard<std::mutex> l(g_log_mu);
+  g_log_lines = nullptr;
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectRdma(1, 20000);
+  bool fallback = false, timeout = false;
+  for (const std::string& line : lines) {
+    fallback |= line.find("grpc.rdma.fallback=sometimes is not valid (allowed: tcp or none)") !=
+                std::string::npos;
+    timeout |= line.find("grpc.rdma.connect_timeout_ms=0 is not valid") != std::string::npos;
+  }
+  EXPECT_TRUE(fallback && timeout) << lines.size() << " lines logged";
 }
 
 TEST_F(E2eTest, ServerShutdownMidStream) {
