@@ -19,6 +19,7 @@ set(_gr_cmakedir ${CMAKE_INSTALL_LIBDIR}/cmake/grpc_rdma)
 install(TARGETS grpc_rdma EXPORT grpc_rdmaTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS grpc_rdma_info RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/grpc_rdma/grpc_rdma.h
               ${PROJECT_SOURCE_DIR}/include/grpc_rdma/options.h
               ${PROJECT_BINARY_DIR}/include/grpc_rdma/version.h

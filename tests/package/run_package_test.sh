@@ -42,6 +42,8 @@ consumers() {  # PREFIX LABEL: every check of an installed tree
   local label=$2
   libdir=$(dirname "$(find "$prefix" -name 'libgrpc_rdma.so' | head -1)")
   check "$label-files" installed_files
+  check "$label-grpc_rdma_info" env SOFTVERBS_DEVICES=mlx5_0:127.0.0.1 \
+    "$build/softverbs/softverbs-run" "$prefix/bin/grpc_rdma_info"
   check "$label-cmake-consumer" with_cmake
   check "$label-pkg-config-consumer" with_pkg_config
 }
@@ -52,7 +54,8 @@ installed_files() {
            "$prefix/include/grpc_rdma/options.h" "$prefix/include/grpc_rdma/version.h" \
            "$libdir/cmake/grpc_rdma/grpc_rdmaConfig.cmake" \
            "$libdir/cmake/grpc_rdma/grpc_rdmaConfigVersion.cmake" \
-           "$libdir/cmake/grpc_rdma/grpc_rdmaTargets.cmake" "$libdir/pkgconfig/grpc_rdma.pc"; do
+           "$libdir/cmake/grpc_rdma/grpc_rdmaTargets.cmake" "$libdir/pkgconfig/grpc_rdma.pc" \
+           "$prefix/bin/grpc_rdma_info"; do
     [[ -e $f ]] || { echo "missing: $f"; return 1; }
   done
   # Nothing of the development tree: no softverbs, tests or benchmarks.
