@@ -175,8 +175,7 @@ void Relations(const Options& e, uint64_t framing, Parser* p) {
                         "): small payloads are coalesced up to ACC_SIZE and large ones cut into "
                         "CHUNK_SIZE pieces, so ACC_SIZE must not exceed CHUNK_SIZE"));
   }
-  uint64_t need = static_cast<uint64_t>(e.chunks_in_flight) * e.chunk_size +
-                  2ull * static_cast<uint64_t>(e.eager_depth) * e.acc_size;
+  uint64_t need = OneConnectionBytes(e);
   if (e.buf_size < need) {
     p->Add(absl::StrCat("TF_RDMA_BUF_SIZE (", FormatBytes(e.buf_size),
                         ") is too small: one connection needs ", FormatBytes(need), " (",
@@ -212,6 +211,11 @@ Options WithFraming(const Options& o, uint64_t* framing) {
 }
 
 }  // namespace
+
+uint64_t OneConnectionBytes(const Options& e) {
+  return static_cast<uint64_t>(e.chunks_in_flight) * e.chunk_size +
+         2ull * static_cast<uint64_t>(e.eager_depth) * e.acc_size;
+}
 
 EnvLookup ProcessEnvironment() {
   return [](const char* name) -> std::optional<std::string> {

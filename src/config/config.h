@@ -56,6 +56,11 @@ Options EngineOptions(const Options& o);
 // passes it after EngineOptions.
 absl::Status ValidateEngineOptions(const Options& e);
 
+// What one connection needs registered to make progress, for options with
+// the framing room: its chunks in flight and both eager rings. The least
+// TF_RDMA_BUF_SIZE (and the least locked memory) the engine works with.
+uint64_t OneConnectionBytes(const Options& e);
+
 // "4 MiB", "1 GiB", "8 KiB", "1000 B": sizes in messages and logs.
 std::string FormatBytes(uint64_t bytes);
 

@@ -1,5 +1,8 @@
 #include "engine/buffer_pool.h"
 
+#include <sys/resource.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -74,6 +77,20 @@ uint64_t PinnedBudget::ReclaimCaches(const BufferPool* except) {
   }
   if (freed > 0) Release(freed);
   return freed;
+}
+
+PinnedBudget::Lowered PinnedBudget::LowerCapTo(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (bytes == 0 || bytes < floor_) return Lowered::kBelowFloor;  // nothing would come back
+  if (bytes < cap_) cap_ = bytes;
+  bool first = !lowered_;
+  lowered_ = true;
+  return first ? Lowered::kFirst : Lowered::kAgain;
+}
+
+uint64_t PinnedBudget::cap() const {
+  absl::MutexLock l(&mu_);
+  return cap_;
 }
 
 uint64_t PinnedBudget::used() const {
@@ -154,10 +171,45 @@ absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", cls, " bytes"));
   }
   absl::StatusOr<Registration> reg = registrar_.reg(mem, cls);
+  if (!reg.ok() && reg.status().code() == absl::StatusCode::kResourceExhausted &&
+      budget_->ReclaimCaches(this) > 0) {
+    reg = registrar_.reg(mem, cls);  // idle caches gave locked memory back
+  }
   if (!reg.ok()) {
     std::free(mem);
     budget_->Release(cls);
-    return reg.status();
+    if (reg.status().code() != absl::StatusCode::kResourceExhausted) return reg.status();
+    uint64_t held = budget_->used();
+    rlimit r{};
+    std::string limit = getrlimit(RLIMIT_MEMLOCK, &r) != 0 ? "unknown"
+                        : r.rlim_cur == RLIM_INFINITY
+                            ? "unlimited"
+                            : absl::StrCat(r.rlim_cur / 1024, " KiB");
+    // Registered memory is held elsewhere and will come back: that is the
+    // real cap, if a connection can progress within it.
+    PinnedBudget::Lowered lowered = budget_->LowerCapTo(held);
+    if (lowered == PinnedBudget::Lowered::kBelowFloor) {
+      absl::Status s = absl::ResourceExhaustedError(absl::StrCat(
+          reg.status().message(), ": the device registers no more memory, most likely the "
+          "locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`: ", limit, "), and ", held,
+          " bytes registered is less than one connection needs (", budget_->floor(),
+          "). Raise the limit: `ulimit -l unlimited`, LimitMEMLOCK=infinity for a systemd "
+          "service, --ulimit memlock=-1 for a container"));
+      static std::atomic<bool> said{false};  // the connections concerned fail with it too
+      if (!said.exchange(true)) GRPC_RDMA_LOG_ERROR("%s", std::string(s.message()).c_str());
+      return s;
+    }
+    if (lowered == PinnedBudget::Lowered::kFirst) {
+      GRPC_RDMA_LOG_ERROR(
+          "%s: the device registers no more memory, most likely the locked-memory limit "
+          "(RLIMIT_MEMLOCK, `ulimit -l`: %s); grpc-rdma keeps to the %llu bytes it has "
+          "registered (instead of TF_RDMA_BUF_SIZE) and transfers wait for memory. Raise the "
+          "limit: `ulimit -l unlimited`, LimitMEMLOCK=infinity for a systemd service, "
+          "--ulimit memlock=-1 for a container",
+          std::string(reg.status().message()).c_str(), limit.c_str(),
+          static_cast<unsigned long long>(held));
+    }
+    return nullptr;
   }
   auto* b = new PinnedBuffer{static_cast<char*>(mem), cls, *reg};
   absl::MutexLock l(&mu_);

@@ -36,7 +36,9 @@ class BufferPool;
 
 class PinnedBudget {
  public:
-  explicit PinnedBudget(uint64_t cap_bytes) : cap_(cap_bytes) {}
+  // `floor`: the least the cap may be lowered to (LowerCapTo).
+  explicit PinnedBudget(uint64_t cap_bytes, uint64_t floor = 0)
+      : floor_(floor), cap_(cap_bytes) {}
   PinnedBudget(const PinnedBudget&) = delete;
   PinnedBudget& operator=(const PinnedBudget&) = delete;
 
@@ -57,7 +59,16 @@ class PinnedBudget {
   // their bytes (and so waking waiters). Returns the bytes freed.
   uint64_t ReclaimCaches(const BufferPool* except);
 
-  uint64_t cap() const { return cap_; }
+  // The device would register no more (the locked-memory limit): the cap
+  // becomes `bytes` (never raised again), so that everything that works
+  // under TF_RDMA_BUF_SIZE (waiting, copying chunks under pressure) works
+  // under that limit. kBelowFloor, and nothing changed, when `bytes` would
+  // not let one connection progress: then it is an error, not a wait.
+  enum class Lowered { kFirst, kAgain, kBelowFloor };
+  Lowered LowerCapTo(uint64_t bytes);
+  uint64_t floor() const { return floor_; }
+
+  uint64_t cap() const;
   uint64_t used() const;
   // True while someone waits for memory or more than 3/4 is in use: pools
   // then free returned buffers instead of caching them, so one pool's cache
@@ -66,8 +77,10 @@ class PinnedBudget {
   uint64_t peak() const;
 
  private:
-  const uint64_t cap_;
+  const uint64_t floor_;
   mutable absl::Mutex mu_;
+  uint64_t cap_ ABSL_GUARDED_BY(mu_);
+  bool lowered_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t peak_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<void()>> waiters_ ABSL_GUARDED_BY(mu_);
@@ -111,8 +124,11 @@ class BufferPool {
   // A buffer of at least `size` bytes (size <= max_class): a cached one, or
   // a new one if the budget allows, after taking back what this pool and
   // then every other pool keep cached. nullptr when the budget is exhausted:
-  // backpressure, see PinnedBudget::NotifyWhenAvailable. An error only if
-  // registration itself fails.
+  // backpressure, see PinnedBudget::NotifyWhenAvailable. A registration
+  // refused for want of memory (RESOURCE_EXHAUSTED: the locked-memory
+  // limit) while others hold registered memory lowers the budget's cap to
+  // what is registered, logs it once, and is backpressure too; any other
+  // failure of registration is an error.
   absl::StatusOr<PinnedBuffer*> Get(size_t size);
   // Takes the buffer back: into the cache, or freed (its bytes back to the
   // budget) when the budget is under pressure.

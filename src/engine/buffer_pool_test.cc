@@ -176,6 +176,46 @@ TEST(BufferPool, ErrorsAreReportedAndLeakNothing) {
   EXPECT_EQ(budget.used(), 0u) << "the reservation is given back";
 }
 
+// The device refuses a registration for want of memory (the locked-memory
+// limit) while the budget still has room: the cap becomes what is
+// registered and the refusal is backpressure, woken by a release; below
+// the floor (what one connection needs) it is an error.
+TEST(BufferPool, ARefusedRegistrationLowersTheCapWhileMemoryIsHeld) {
+  PinnedBudget budget(1 << 20, 16 << 10);
+  FakeReg reg;
+  BufferPool pool(&budget, reg.Get(), 64 << 10);
+  auto a = pool.Get(8 << 10);
+  auto b = pool.Get(8 << 10);
+  ASSERT_TRUE(a.ok() && *a && b.ok() && *b);
+  reg.fail_next = 1;
+  auto refused = pool.Get(8 << 10);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(*refused, nullptr) << "backpressure, not an error";
+  EXPECT_EQ(budget.cap(), 16u << 10) << "the cap is what is registered";
+  bool woken = false;
+  budget.NotifyWhenAvailable(8 << 10, [&] { woken = true; });
+  EXPECT_FALSE(woken) << "it does not fit under the lowered cap";
+  pool.Put(*a);  // pressure: freed
+  EXPECT_TRUE(woken);
+  auto again = pool.Get(8 << 10);
+  ASSERT_TRUE(again.ok() && *again);
+  pool.Put(*again);
+  pool.Put(*b);
+  // Below the floor: nothing would let a connection progress.
+  PinnedBudget small(1 << 20, 64 << 10);
+  BufferPool p2(&small, reg.Get(), 64 << 10);
+  auto c = p2.Get(8 << 10);
+  ASSERT_TRUE(c.ok() && *c);
+  reg.fail_next = 1;
+  auto err = p2.Get(8 << 10);
+  ASSERT_FALSE(err.ok());
+  EXPECT_EQ(err.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(err.status().message().find("less than one connection needs"), std::string::npos)
+      << err.status();
+  EXPECT_EQ(small.cap(), 1u << 20) << "not lowered";
+  p2.Put(*c);
+}
+
 TEST(BufferPool, ManyThreadsUnderASmallBudget) {
   PinnedBudget budget(256 << 10);
   FakeReg reg;

@@ -83,8 +83,9 @@ absl::Status ConnImpl::SetupLocked() {
     if (!b.ok()) return b.status();
     if (*b == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "TF_RDMA_BUF_SIZE (", engine_->budget.cap(), " bytes) is used up: no room for a new "
-          "connection's receive buffers"));
+          "registered memory is used up (", engine_->budget.cap(),
+          " bytes: TF_RDMA_BUF_SIZE, or less if the locked-memory limit is lower): no room for "
+          "a new connection's receive buffers"));
     }
     recv_bufs_[i] = *b;
     if (!PostRecvLocked(i)) return absl::InternalError("ibv_post_recv failed at set-up");

@@ -47,7 +47,9 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
 // ---------------------------------------------------------------- engine ---
 
 EngineImpl::EngineImpl(const Options& o)
-    : options(o), budget(o.buf_size), device_(o.device_explicit ? o.device : "") {}
+    : options(o),
+      budget(o.buf_size, OneConnectionBytes(o)),
+      device_(o.device_explicit ? o.device : "") {}
 
 const char* EngineImpl::WrongDeviceLocked(ibv_context* ctx, const char* what) {
   if (device_.empty() || ctx == nullptr) return nullptr;

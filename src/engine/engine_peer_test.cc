@@ -7,9 +7,12 @@
 #include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <signal.h>
+#include <linux/capability.h>
 #include <spawn.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -891,6 +894,47 @@ int ChildTransfer() {
   return 0;
 }
 
+// Without CAP_IPC_LOCK and with 6 MiB of locked memory (far below
+// TF_RDMA_BUF_SIZE; one connection needs 5.2 MiB with 1 MiB chunks):
+// receives 24 MiB from the parent in 1 MiB chunks, every byte right, the
+// engine keeping to what it could register. Exit status: 0, or the step.
+int ChildMemlockReceiver(uint16_t port) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct cap[2]{};
+  if (syscall(SYS_capget, &h, cap) != 0) return 10;
+  cap[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  cap[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+  if (syscall(SYS_capset, &h, cap) != 0) return 11;
+  rlim_t limit = getenv("TEST_MEMLOCK_KB")
+                     ? std::strtoull(getenv("TEST_MEMLOCK_KB"), nullptr, 10) << 10
+                     : 6 << 20;
+  rlimit r{limit, limit};
+  if (setrlimit(RLIMIT_MEMLOCK, &r) != 0) return 12;
+  Options o;
+  o.chunk_size = 1 << 20;
+  auto e = Engine::Create(o);
+  if (!e.ok()) return 2;
+  auto c = ConnectTo(**e, port);
+  if (!c.ok()) {
+    fprintf(stderr, "memlock child: %s\n", std::string(c.status().message()).c_str());
+    return 4;
+  }
+  std::string payload = Pattern(24 << 20, 5);
+  Drain d(*c, payload.size());
+  // Out with _exit: the engine's threads may still call into `d`.
+  auto out = [](int code) {
+    fflush(stderr);
+    _exit(code);
+  };
+  if (d.done.get_future().wait_for(std::chrono::seconds(60)) != std::future_status::ready) out(5);
+  if (!d.end.ok()) {
+    fprintf(stderr, "memlock child: the read ended: %s\n", std::string(d.end.message()).c_str());
+    out(6);
+  }
+  out(d.data == payload ? 0 : 7);
+  return 0;
+}
+
 int ChildCutWire() {
   Options o;
   o.chunk_size = 64 << 10;
@@ -1026,6 +1070,35 @@ TEST(EnginePeers, GrantsLeftUnwrittenCloseTheConnection) {
       << log.Text();
 }
 
+// A locked-memory limit below TF_RDMA_BUF_SIZE (a user's `ulimit -l`, a
+// container's default) closed the connection at the first registration
+// it refused; now it becomes the cap, said once, and transfers wait.
+TEST(EnginePeers, TheLockedMemoryLimitBecomesTheCapAndTransfersWait) {
+  StderrCapture log;
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  std::string payload = Pattern(24 << 20, 5);
+  std::mutex mu;
+  std::vector<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    iovec v{payload.data(), payload.size()};
+    c->Write({v}, [](absl::Status) {});
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+  });
+  ASSERT_TRUE(port.ok());
+  pid_t child = Spawn({"--child", "memlock-receiver", std::to_string(*port)});
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed (ChildMemlockReceiver)\n"
+                                    << log.Text();
+  EXPECT_TRUE(log.WaitFor("the device registers no more memory, most likely the locked-memory "
+                          "limit (RLIMIT_MEMLOCK, `ulimit -l`: 6144 KiB); grpc-rdma keeps to",
+                          1000))
+      << log.Text();
+}
+
 // TF_RDMA_DEV_NAME is the device every connection uses: one that would
 // run over another device goes by TCP instead (the engine fails it, the
 // glue falls back), and the log says so once per device.
@@ -1057,6 +1130,7 @@ int main(int argc, char** argv) {
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
+    if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);
     return 100;
   }
   ::testing::InitGoogleTest(&argc, argv);

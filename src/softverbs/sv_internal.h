@@ -96,6 +96,7 @@ struct Pd {
 struct Mr {
   ibv_mr mr;
   int access = 0;
+  uint64_t pinned = 0;  // whole pages counted against RLIMIT_MEMLOCK
 };
 
 struct Cq;
@@ -321,6 +322,9 @@ class Runtime {
 
   // Key and QP tables (guarded by mu).
   std::map<uint32_t, Mr*> mrs;
+  // Registered bytes (whole pages), counted against RLIMIT_MEMLOCK as the
+  // kernel counts pinned pages, unless the process has CAP_IPC_LOCK.
+  uint64_t pinned_bytes = 0;
   std::map<uint32_t, Qp*> qps;
   uint32_t AllocKey();
   // Allocates a QP number; the upper 16 bits are the TCP port of the QP

@@ -2,7 +2,10 @@
 // the string helpers. Calls that softverbs does not emulate (SRQ, UD address
 // handles, multicast, memory import) fail cleanly with EOPNOTSUPP.
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -269,6 +272,28 @@ int ibv_dealloc_pd(ibv_pd* ibpd) {
   return 0;
 }
 
+// The pages [addr, addr + length) span, in bytes.
+uint64_t PagesSpanned(const void* addr, size_t length) {
+  if (length == 0) return 0;
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t a = reinterpret_cast<uint64_t>(addr);
+  return ((a + length + page - 1) / page - a / page) * page;
+}
+
+// As the kernel's ib_umem_get: pinned pages count against RLIMIT_MEMLOCK
+// unless the process may lock memory without limit (CAP_IPC_LOCK), and
+// going over is ENOMEM. Caller holds Rt().mu.
+bool MayPinLocked(uint64_t more) {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) == 0 && (d[CAP_IPC_LOCK / 32].effective &
+                                          (1u << (CAP_IPC_LOCK % 32))))
+    return true;
+  rlimit r{};
+  if (getrlimit(RLIMIT_MEMLOCK, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return true;
+  return Rt().pinned_bytes + more <= r.rlim_cur;
+}
+
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                          unsigned int access) {
   // MW_BIND is accepted as the kernel does; a device without memory
@@ -283,9 +308,16 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     errno = EINVAL;
     return nullptr;
   }
+  std::lock_guard<std::mutex> g(Rt().mu);
+  uint64_t pinned = PagesSpanned(addr, length);
+  if (!MayPinLocked(pinned)) {
+    errno = ENOMEM;
+    return nullptr;
+  }
   auto* mr = new Mr();
   mr->access = static_cast<int>(access);
-  std::lock_guard<std::mutex> g(Rt().mu);
+  mr->pinned = pinned;
+  Rt().pinned_bytes += pinned;
   uint32_t key = Rt().AllocKey();
   mr->mr.context = pd->context;
   mr->mr.pd = pd;
@@ -337,12 +369,21 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
       errno = EINVAL;
       return IBV_REREG_MR_ERR_INPUT;
     }
-    mr->access = access;
   }
-  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {  // the last check: nothing changed yet
+    uint64_t pinned = PagesSpanned(addr, length);
+    Rt().pinned_bytes -= mr->pinned;
+    if (!MayPinLocked(pinned)) {
+      Rt().pinned_bytes += mr->pinned;
+      errno = ENOMEM;
+      return IBV_REREG_MR_ERR_CMD;
+    }
+    Rt().pinned_bytes += pinned;
+    mr->pinned = pinned;
     mr->mr.addr = addr;
     mr->mr.length = length;
   }
+  if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
   if (flags & IBV_REREG_MR_CHANGE_PD) mr->mr.pd = pd;
   return 0;
 }
@@ -350,6 +391,7 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
 int ibv_dereg_mr(ibv_mr* ibmr) {
   std::lock_guard<std::mutex> g(Rt().mu);
   Rt().mrs.erase(ibmr->lkey);
+  Rt().pinned_bytes -= ToMr(ibmr)->pinned;
   delete ToMr(ibmr);
   return 0;
 }

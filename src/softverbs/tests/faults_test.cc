@@ -2,11 +2,16 @@
 // in a child process (this binary with --scenario), because softverbs reads
 // its environment once per process.
 #include <gtest/gtest.h>
+#include <linux/capability.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -250,7 +255,51 @@ TEST(Config, BadValuesAreNamedAndDisableTheDevice) {
   EXPECT_NE(out.find("power of two"), std::string::npos) << out;
 }
 
+// Registration counts against RLIMIT_MEMLOCK as the kernel's pinning does
+// (in a child without CAP_IPC_LOCK, limited to 64 KiB): over it is ENOMEM,
+// and deregistering gives the room back.
+TEST(MemoryRegion, RegistrationCountsAgainstTheLockedMemoryLimit) {
+  std::string out;
+  EXPECT_EQ(RunSelf({}, {"--scenario", "memlock"}, &out), 0) << "the step that failed\n" << out;
+}
+
 }  // namespace
+
+// Without CAP_IPC_LOCK (dropped here, as an unprivileged process has it)
+// and with 64 KiB of locked memory. Exit status: 0, or the failed step.
+int ScenarioMemlock() {
+  __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct d[2]{};
+  if (syscall(SYS_capget, &h, d) != 0) return 10;
+  d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  d[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+  if (syscall(SYS_capset, &h, d) != 0) return 11;
+  rlimit r{64 << 10, 64 << 10};
+  if (setrlimit(RLIMIT_MEMLOCK, &r) != 0) return 12;
+  ibv_context* ctx = OpenDevice();
+  if (ctx == nullptr) return 13;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  char* buf = static_cast<char*>(aligned_alloc(4096, 1 << 20));
+  ibv_mr* a = ibv_reg_mr(pd, buf, 48 << 10, IBV_ACCESS_LOCAL_WRITE);
+  if (a == nullptr) return 14;
+  errno = 0;
+  ibv_mr* b = ibv_reg_mr(pd, buf + (64 << 10), 32 << 10, IBV_ACCESS_LOCAL_WRITE);
+  if (b != nullptr || errno != ENOMEM) return 15;  // 48 + 32 KiB > 64 KiB
+  // One byte across a page boundary pins two pages.
+  ibv_mr* c = ibv_reg_mr(pd, buf + (128 << 10) - 1, 2, IBV_ACCESS_LOCAL_WRITE);
+  if (c == nullptr) return 16;  // 56 KiB now
+  ibv_mr* e = ibv_reg_mr(pd, buf + (256 << 10), 12 << 10, IBV_ACCESS_LOCAL_WRITE);
+  if (e != nullptr) return 17;  // 68 KiB > 64 KiB
+  ibv_dereg_mr(a);
+  b = ibv_reg_mr(pd, buf + (64 << 10), 32 << 10, IBV_ACCESS_LOCAL_WRITE);
+  if (b == nullptr) return 18;  // the room came back
+  ibv_dereg_mr(b);
+  ibv_dereg_mr(c);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  free(buf);
+  return 0;
+}
 
 int ScenarioListDevices() {
   int n = -1;

@@ -14,6 +14,7 @@ int ScenarioSmallQueues();
 int ScenarioStats();
 int ScenarioExchange();
 int ScenarioListDevices();
+int ScenarioMemlock();
 
 #if defined(__SANITIZE_ADDRESS__)
 // ChannelTest.BlockedWaiterCanBeCancelled ends a thread with pthread_cancel;
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     if (s == "stats") return ScenarioStats();
     if (s == "exchange") return ScenarioExchange();
     if (s == "list-devices") return ScenarioListDevices();
+    if (s == "memlock") return ScenarioMemlock();
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 100;
   }
