@@ -2,13 +2,16 @@
 // ones, from a static initializer (linked or preloaded) or an explicit
 // grpc_rdma::Install(). Also the stats snapshot and the trace flag.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
+#include <link.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
@@ -38,6 +41,41 @@ void GprSink(LogSeverity severity, const char* file, int line, const char* messa
   gpr_log(file, line,
           severity == LogSeverity::kError ? GPR_LOG_SEVERITY_ERROR : GPR_LOG_SEVERITY_INFO,
           "grpc_rdma: %s", message);
+}
+
+// A program with a gRPC of its own (linked into it, as some wheels and
+// static builds do) calls that one, not the libgrpc.so this library
+// patched: its connections never reach grpc-rdma. Said when the process's
+// first grpc_init is not libgrpc.so's. (A copy whose symbols are hidden
+// cannot be seen from here.)
+int FindLibgrpc(dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  const char* base = name != nullptr ? strrchr(name, '/') : nullptr;
+  base = base != nullptr ? base + 1 : name;
+  if (base == nullptr || strncmp(base, "libgrpc.so.", 11) != 0) return 0;
+  *static_cast<std::string*>(out) = name;
+  return 1;
+}
+
+void SayIfAnotherGrpc() {
+  std::string path;
+  dl_iterate_phdr(FindLibgrpc, &path);
+  if (path.empty()) return;
+  void* h = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (h == nullptr) return;
+  void* patched = dlsym(h, "grpc_init");
+  void* first = dlsym(RTLD_DEFAULT, "grpc_init");
+  dlclose(h);
+  if (patched == nullptr || first == nullptr || first == patched) return;
+  Dl_info where{};
+  const char* other = dladdr(first, &where) != 0 && where.dli_fname != nullptr &&
+                              where.dli_fname[0] != '\0'
+                          ? where.dli_fname
+                          : "the program";
+  gpr_log(GPR_ERROR,
+          "grpc_rdma: this process calls a gRPC of its own (grpc_init in %s), not %s, which "
+          "grpc-rdma plugs into: its connections use that gRPC's TCP, not RDMA",
+          other, path.c_str());
 }
 
 bool SameOptions(const Options& a, const Options& b) {
@@ -171,6 +209,7 @@ absl::Status Install(const Options& options) {
   grpc_set_tcp_client_impl(&kRdmaTcpClientVtable);
   grpc_set_tcp_server_impl(&kRdmaTcpServerVtable);
   if (!options.stats_dump.empty()) atexit(DumpStatsAtExit);
+  SayIfAnotherGrpc();
   return absl::OkStatus();
 }
 
