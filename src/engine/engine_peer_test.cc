@@ -235,10 +235,10 @@ class RoguePeer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RoguePeer, GetsAccessErrorsAndOthersCarryOn) {
   StderrCapture log;
+  std::mutex mu;  // these before the engine: its callbacks use them
+  std::vector<std::shared_ptr<Connection>> accepted;
   auto se = Engine::Create(Options{});
   ASSERT_TRUE(se.ok());
-  std::mutex mu;
-  std::vector<std::shared_ptr<Connection>> accepted;
   auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
     std::lock_guard<std::mutex> l(mu);
     accepted.push_back(std::move(c));
@@ -565,32 +565,50 @@ int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   return cts == 0 ? 20 : 100 + more_pre;
 }
 
-// Deaf: connects as an engine would (its Hello promises 8 receives), asks
-// for infinite RNR retry and posts no receive at all, then waits to be
-// killed: whatever the engine sends it is never acknowledged.
-int ChildDeaf(uint16_t port) {
-  rdma_event_channel* ch = rdma_create_event_channel();
+// A peer speaking raw rdma_cm to an engine's listener (the children
+// below): its event channel and id, and the steps every such child takes.
+struct RawPeer {
+  rdma_event_channel* ch = nullptr;
   rdma_cm_id* id = nullptr;
-  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 10;
-  sockaddr_in dst = Loopback(port);
-  rdma_cm_event* e = nullptr;
-  auto next = [&](rdma_cm_event_type want) {
+  // The next CM event is `want` (it is acked either way).
+  bool Next(rdma_cm_event_type want) {
+    rdma_cm_event* e = nullptr;
     if (rdma_get_cm_event(ch, &e) != 0) return false;
     bool ok = e->event == want;
     rdma_ack_cm_event(e);
     return ok;
-  };
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
-      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
-      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
-    return 11;
-  ibv_pd* pd = ibv_alloc_pd(id->verbs);
-  ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+  }
+  // A channel and an id, resolved (address and route) to 127.0.0.1:port.
+  bool Resolve(uint16_t port) {
+    ch = rdma_create_event_channel();
+    if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return false;
+    sockaddr_in dst = Loopback(port);
+    return rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) == 0 &&
+           Next(RDMA_CM_EVENT_ADDR_RESOLVED) && rdma_resolve_route(id, 2000) == 0 &&
+           Next(RDMA_CM_EVENT_ROUTE_RESOLVED);
+  }
+};
+
+// An RC QP's attributes with one CQ and `wr` work requests each way.
+ibv_qp_init_attr RcAttr(ibv_cq* cq, uint32_t wr) {
   ibv_qp_init_attr qa{};
   qa.send_cq = qa.recv_cq = cq;
   qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = wr;
   qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  return qa;
+}
+
+// Deaf: connects as an engine would (its Hello promises 8 receives), asks
+// for infinite RNR retry and posts no receive at all, then waits to be
+// killed: whatever the engine sends it is never acknowledged.
+int ChildDeaf(uint16_t port) {
+  RawPeer peer;
+  if (!peer.Resolve(port)) return 11;
+  rdma_cm_id* id = peer.id;
+  ibv_pd* pd = ibv_alloc_pd(id->verbs);
+  ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+  ibv_qp_init_attr qa = RcAttr(cq, 8);
   if (pd == nullptr || cq == nullptr || rdma_create_qp(id, pd, &qa)) return 12;
   wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
   rdma_conn_param p{};
@@ -598,7 +616,7 @@ int ChildDeaf(uint16_t port) {
   p.private_data_len = sizeof(h);
   p.rnr_retry_count = 7;
   p.retry_count = 7;
-  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 13;
+  if (rdma_connect(id, &p) || !peer.Next(RDMA_CM_EVENT_ESTABLISHED)) return 13;
   for (;;) pause();
 }
 
@@ -607,28 +625,12 @@ int ChildDeaf(uint16_t port) {
 // completes the exchange (no rdma_establish, so no RTU): the server's
 // connection stays set up and never established. Then waits to be killed.
 int ChildHalfOpen(uint16_t port) {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  if (ch == nullptr || rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP) != 0) return 10;
-  sockaddr_in dst = Loopback(port);
-  rdma_cm_event* e = nullptr;
-  auto next = [&](rdma_cm_event_type want) {
-    if (rdma_get_cm_event(ch, &e) != 0) return false;
-    bool ok = e->event == want;
-    rdma_ack_cm_event(e);
-    return ok;
-  };
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
-      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
-      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
-    return 11;
+  RawPeer peer;
+  if (!peer.Resolve(port)) return 11;
+  rdma_cm_id* id = peer.id;
   ibv_pd* pd = ibv_alloc_pd(id->verbs);
   ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp_init_attr qa = RcAttr(cq, 4);
   ibv_qp* qp = pd && cq ? ibv_create_qp(pd, &qa) : nullptr;
   if (qp == nullptr) return 12;
   wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
@@ -637,7 +639,7 @@ int ChildHalfOpen(uint16_t port) {
   p.private_data_len = sizeof(h);
   p.qp_num = qp->qp_num;
   p.retry_count = 7;
-  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_CONNECT_RESPONSE)) return 13;
+  if (rdma_connect(id, &p) || !peer.Next(RDMA_CM_EVENT_CONNECT_RESPONSE)) return 13;
   printf("half-open\n");
   fflush(stdout);
   for (;;) pause();
@@ -646,28 +648,12 @@ int ChildHalfOpen(uint16_t port) {
 // Connects with raw rdma_cm as if it were an engine, announces a large
 // write, and abuses the grant it gets.
 int ChildRogue(uint16_t port) {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  rdma_cm_id* id = nullptr;
-  rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP);
-  sockaddr_in dst = Loopback(port);
-  rdma_cm_event* e = nullptr;
-  auto next = [&](rdma_cm_event_type want) {
-    if (rdma_get_cm_event(ch, &e) != 0) return false;
-    bool ok = e->event == want;
-    rdma_ack_cm_event(e);
-    return ok;
-  };
-  if (rdma_resolve_addr(id, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) ||
-      !next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id, 2000) ||
-      !next(RDMA_CM_EVENT_ROUTE_RESOLVED))
-    return 10;
+  RawPeer peer;
+  if (!peer.Resolve(port)) return 10;
+  rdma_cm_id* id = peer.id;
   ibv_pd* pd = ibv_alloc_pd(id->verbs);
   ibv_cq* cq = ibv_create_cq(id->verbs, 64, nullptr, nullptr, 0);
-  ibv_qp_init_attr qa{};
-  qa.send_cq = qa.recv_cq = cq;
-  qa.qp_type = IBV_QPT_RC;
-  qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
-  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp_init_attr qa = RcAttr(cq, 16);
   qa.cap.max_inline_data = 64;
   if (rdma_create_qp(id, pd, &qa)) return 11;
   // Registered memory that outlives the process's exit: the rogue returns
@@ -702,7 +688,7 @@ int ChildRogue(uint16_t port) {
   p.private_data_len = hello_bytes ? atoi(hello_bytes) : sizeof(h);
   p.rnr_retry_count = 7;
   p.retry_count = 7;
-  if (rdma_connect(id, &p) || !next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
+  if (rdma_connect(id, &p) || !peer.Next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
   const char* mode_env = getenv("ROGUE_MODE");
   std::string mode = mode_env ? mode_env : "read";
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
@@ -778,9 +764,9 @@ int ChildRogue(uint16_t port) {
   if (mode == "silent") {
     // Holds the grant and writes nothing: the engine must close the
     // connection (0), not keep the memory for as long as we stay (14).
-    pollfd pf{ch->fd, POLLIN, 0};
+    pollfd pf{peer.ch->fd, POLLIN, 0};
     if (poll(&pf, 1, 5000) != 1) return 14;
-    return next(RDMA_CM_EVENT_DISCONNECTED) ? 0 : 16;
+    return peer.Next(RDMA_CM_EVENT_DISCONNECTED) ? 0 : 16;
   }
   // Read the granted buffer (it is write-only), or write just past it:
   // either way a remote access error, and the engine's QP stops.
@@ -824,14 +810,16 @@ int ChildTwoDevices() {
     inet_pton(AF_INET, ip, &a.sin_addr);
     return a;
   };
+  // Before the engines: an accept may still land while they shut down at
+  // the end, and must find these alive.
+  std::mutex mu;
+  std::vector<std::shared_ptr<Connection>> accepted;
   Options named_o;
   named_o.device = "mlx5_1";
   named_o.device_explicit = true;
   auto named = Engine::Create(named_o);
   auto any = Engine::Create(Options{});
   if (!named.ok() || !any.ok()) return 19;
-  std::mutex mu;
-  std::vector<std::shared_ptr<Connection>> accepted;
   auto keep = [&](std::shared_ptr<Connection> c) {
     std::lock_guard<std::mutex> l(mu);
     accepted.push_back(std::move(c));
@@ -1075,11 +1063,11 @@ TEST(EnginePeers, GrantsLeftUnwrittenCloseTheConnection) {
 // it refused; now it becomes the cap, said once, and transfers wait.
 TEST(EnginePeers, TheLockedMemoryLimitBecomesTheCapAndTransfersWait) {
   StderrCapture log;
+  std::string payload = Pattern(24 << 20, 5);
+  std::mutex mu;  // these before the engine: its callbacks use them
+  std::vector<std::shared_ptr<Connection>> accepted;
   auto se = Engine::Create(Options{});
   ASSERT_TRUE(se.ok());
-  std::string payload = Pattern(24 << 20, 5);
-  std::mutex mu;
-  std::vector<std::shared_ptr<Connection>> accepted;
   auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
     iovec v{payload.data(), payload.size()};
     c->Write({v}, [](absl::Status) {});
