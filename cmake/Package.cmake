@@ -22,6 +22,7 @@ install(TARGETS grpc_rdma EXPORT grpc_rdmaTargets
 install(TARGETS grpc_rdma_info RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/include/grpc_rdma/grpc_rdma.h
               ${PROJECT_SOURCE_DIR}/include/grpc_rdma/options.h
+              ${PROJECT_SOURCE_DIR}/include/grpc_rdma/stats.h
               ${PROJECT_BINARY_DIR}/include/grpc_rdma/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/grpc_rdma)
 install(EXPORT grpc_rdmaTargets NAMESPACE grpc_rdma:: DESTINATION ${_gr_cmakedir})

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "grpc_rdma/options.h"
+#include "grpc_rdma/stats.h"
 
 // gRPC channel and server arguments that override the environment for one
 // channel or one server (the environment stays the default):
@@ -64,46 +65,11 @@ absl::Status Install();
 // True once Install has put the RDMA transport in place.
 bool Installed();
 
-// A snapshot of what the plugin has done in this process.
-struct Stats {
-  // Connections by transport: made by this process as a client, accepted
-  // as a server; TCP ones counted only while the plugin is installed.
-  uint64_t rdma_client_connections = 0;
-  uint64_t rdma_server_connections = 0;
-  uint64_t tcp_client_connections = 0;
-  uint64_t tcp_server_connections = 0;
-  uint64_t rdma_connections_open = 0;
-  // Client connections that tried RDMA and went by TCP (no RDMA path, the
-  // peer without the plugin, timeout), and those that went to TCP at once
-  // because the address had no RDMA recently (TF_RDMA_FALLBACK_TTL_S).
-  uint64_t fallbacks = 0;
-  uint64_t fallbacks_remembered = 0;
-  // Stream bytes and protocol counts, summed over RDMA connections.
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t eager_messages = 0;
-  uint64_t coalesced_writes = 0;
-  uint64_t rendezvous = 0;
-  uint64_t rendezvous_pre_granted = 0;  // ... written at once into a standing grant
-  uint64_t chunks_zero_copy = 0;
-  uint64_t chunks_copied = 0;
-  // Host copies of stream bytes, RDMA connections: on send, application
-  // bytes into registered buffers; on receive, bytes out of registered
-  // buffers (the engine's and the endpoint's). A copy per byte each way is
-  // bytes_copied_on_send == bytes_sent; zero-copy paths add nothing.
-  uint64_t bytes_copied_on_send = 0;
-  uint64_t bytes_copied_on_receive = 0;
-  // Registered (pinned) memory in use now, bytes.
-  uint64_t pinned_bytes = 0;
-  // Times a gRPC polling thread found RDMA work and did it itself (the fast
-  // path; see docs/design.md), rather than leaving it to the engine's thread.
-  uint64_t grpc_thread_polls = 0;
-  // Why RDMA is off, when it is (empty otherwise).
-  std::string rdma_unavailable;
-};
-
+// What the plugin has done in this process (grpc_rdma/stats.h lists every
+// counter). Cheap enough to call often: a lock per open connection.
 Stats GetStats();
-// {"rdma_client_connections":1,...}: one line of JSON.
+// One line of JSON: {"bytes_sent":...,"devices":{"mlx5_0":{"bytes_sent":...,
+// "connections":1,...}},...,"version":"0.1.0"}, keys in alphabetical order.
 std::string StatsJson(const Stats& stats);
 
 }  // namespace grpc_rdma

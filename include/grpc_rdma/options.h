@@ -67,8 +67,13 @@ struct Options {
   Fallback fallback = Fallback::kTcp;
   int fallback_ttl_s = 30;
   // TF_RDMA_STATS: where the stats go when the process exits: empty (the
-  // default) for nowhere, "stderr", or a file path (written anew).
+  // default) for nowhere, "stderr", or a file path (written anew: a
+  // regular file is replaced, by a rename, so a reader sees a whole one).
   std::string stats_dump;
+  // TF_RDMA_STATS_INTERVAL_S: also every this many seconds while the
+  // process runs (0, the default: at exit only), to TF_RDMA_STATS, or to
+  // stderr when that is unset. A file is replaced whole each time.
+  int stats_interval_s = 0;
 };
 
 }  // namespace grpc_rdma

@@ -201,6 +201,7 @@ void Ranges(const Options& o, uint64_t max_acc, Parser* p) {
   range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
   range("grant_timeout_ms", static_cast<uint64_t>(o.grant_timeout_ms), 100, 3600000);
   range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
+  range("stats_interval_s", static_cast<uint64_t>(o.stats_interval_s), 0, 86400);
 }
 
 Options WithFraming(const Options& o, uint64_t* framing) {
@@ -247,6 +248,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
                    &o.fallback);
   p.Int("TF_RDMA_FALLBACK_TTL_S", 0, 86400, &o.fallback_ttl_s, "seconds");
   p.Destination("TF_RDMA_STATS", &o.stats_dump);
+  p.Int("TF_RDMA_STATS_INTERVAL_S", 0, 86400, &o.stats_interval_s, "seconds");
   absl::Status s = p.Result();
   if (!s.ok()) return s;  // relations between bad values would only add noise
   uint64_t framing = 0;

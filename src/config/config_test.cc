@@ -32,6 +32,19 @@ TEST(Options, DefaultsAreRdmaTensorFlows) {
   EXPECT_EQ(o->buf_size, 1073741824u);
   EXPECT_EQ(o->poll_mode, PollMode::kAdaptive);
   EXPECT_EQ(o->fallback, Fallback::kTcp);
+  EXPECT_EQ(o->stats_dump, "");
+  EXPECT_EQ(o->stats_interval_s, 0);
+}
+
+TEST(Options, StatsEveryInterval) {
+  auto o = ParseOptions(Env({{"TF_RDMA_STATS", "/var/log/app/rdma.json"},
+                             {"TF_RDMA_STATS_INTERVAL_S", "60"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->stats_dump, "/var/log/app/rdma.json");
+  EXPECT_EQ(o->stats_interval_s, 60);
+  Options bad;
+  bad.stats_interval_s = -1;
+  EXPECT_FALSE(ValidateOptions(bad).ok());
 }
 
 TEST(Options, ValuesUsersAlreadyUse) {
@@ -89,6 +102,10 @@ TEST(Options, BadValuesNameTheVariableTheValueAndWhatIsAllowed) {
   e = Error({{"TF_RDMA_GRANT_TIMEOUT_MS", "50"}});
   EXPECT_NE(e.find("TF_RDMA_GRANT_TIMEOUT_MS"), std::string::npos) << e;
   EXPECT_NE(e.find("from 100 to 3600000"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_STATS_INTERVAL_S", "-5"}});
+  EXPECT_NE(e.find("TF_RDMA_STATS_INTERVAL_S='-5'"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_STATS_INTERVAL_S", "90000"}});
+  EXPECT_NE(e.find("from 0 to 86400"), std::string::npos) << e;
 }
 
 TEST(Options, EveryBadVariableIsReported) {

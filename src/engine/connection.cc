@@ -56,6 +56,7 @@ absl::Status ConnImpl::SetupLocked() {
   const Options& o = engine_->options;
   ibv_context* ctx = id_->verbs;
   if (ctx == nullptr) return absl::UnavailableError("RDMA CM bound no device to the connection");
+  if (const char* name = ibv_get_device_name(ctx->device)) device_ = name;
   // A PD of its own: the peer can reach nothing another connection owns.
   ASSIGN_OR_RETURN(Pd pd, AllocPd(ctx));
   pd_ = std::shared_ptr<ibv_pd>(pd.release(), internal::ReleasePd);
@@ -197,9 +198,10 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
             GRPC_RDMA_LOG_ERROR("connection %s: %s; closing it", peer_.c_str(),
                                 ibv_wc_status_str(wc[i].status));
           }
-          CloseLocked(absl::UnavailableError(absl::StrCat("RDMA completion error: ",
-                                                          ibv_wc_status_str(wc[i].status))),
-                      d, true);
+          absl::Status why = absl::UnavailableError(
+              absl::StrCat("RDMA completion error: ", ibv_wc_status_str(wc[i].status)));
+          if (wc[i].status != IBV_WC_WR_FLUSH_ERR) FailLocked(why, d);
+          else CloseLocked(why, d, true);
         }
         continue;
       }
@@ -341,6 +343,11 @@ std::string ConnImpl::local() const {
   return local_;
 }
 
+std::string ConnImpl::device() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return device_;
+}
+
 ConnectionStats ConnImpl::stats() const {
   std::lock_guard<std::mutex> g(mu_);
   return stats_;
@@ -353,6 +360,12 @@ void ConnImpl::DisconnectNowLocked() {
   disconnect_when_drained_ = false;
   drain_deadline_us.store(0);
   if (id_) rdma_disconnect(id_.get());  // the QP goes to error: what is left flushes
+}
+
+void ConnImpl::FailLocked(absl::Status why, Deferred* d) {
+  if (state_ == State::kClosed) return;
+  stats_.connection_errors = 1;
+  CloseLocked(std::move(why), d, true);
 }
 
 void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {

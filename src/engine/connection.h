@@ -62,6 +62,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void SetHostPolled(bool on) override;
   std::string peer() const override;
   std::string local() const override;
+  std::string device() const override;
   ConnectionStats stats() const override;
 
   // The connection's lock, for the engine's RDMA CM handling and poller.
@@ -93,6 +94,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool SendsAwaitedLocked() const;
   void PumpLocked(Deferred* d);                 // send what can be sent
   void CloseLocked(absl::Status why, Deferred* d, bool disconnect);
+  // CloseLocked for a fault (the peer broke the protocol, a completion or
+  // device error, a failed post): counted in connection_errors.
+  void FailLocked(absl::Status why, Deferred* d);
   bool closed() const { return state_ == State::kClosed; }
   wire::Hello MyHello() const;
   // Client, until established: the caller's callback. Server, from
@@ -206,6 +210,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // would flush them undelivered).
   bool disconnect_when_drained_ = false;
   std::string peer_, local_;
+  std::string device_;  // from set-up on
+  // Writes are queued and the peer's credits (or our send slots) are out:
+  // counted once per such wait in credit_waits.
+  bool credit_blocked_ = false;
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
   uint32_t eager_limit_ = 0;  // largest eager write: peer_acc_, if we can stage it

@@ -275,6 +275,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
                                      e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
   if (const char* why = WrongDeviceLocked(e->id->verbs, "a connection request's address")) {
     (void)why;  // logged once per device; the client falls back to TCP
+    refused.fetch_add(1);  // before the peer can know
     rdma_reject(e->id, nullptr, 0);
     rdma_destroy_id(e->id);
     return;
@@ -283,6 +284,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
     GRPC_RDMA_LOG_ERROR(
         "refusing an RDMA connection that is not grpc-rdma's (%s)",
         bad != nullptr ? bad : "no listener");
+    refused.fetch_add(1);  // before the peer can know
     rdma_reject(e->id, nullptr, 0);
     rdma_destroy_id(e->id);
     return;
@@ -295,6 +297,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   if (!s.ok()) {
     GRPC_RDMA_LOG_ERROR("cannot accept an RDMA connection: %s",
                         std::string(s.message()).c_str());
+    refused.fetch_add(1);  // before the peer can know
     rdma_reject(e->id, nullptr, 0);
     c->CloseLocked(s, d, false);
     conns_.erase(e->id);
@@ -306,6 +309,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   wire::Hello mine = c->MyHello();
   rdma_conn_param p = ConnParam(&mine);
   if (rdma_accept(e->id, &p) != 0) {
+    refused.fetch_add(1);
     c->CloseLocked(CheckErrno(true, "rdma_accept"), d, false);
     UnwatchLocked(c.get());
     conns_.erase(e->id);
@@ -434,5 +438,6 @@ const Options& Engine::options() const { return impl_->options; }
 
 uint64_t Engine::pinned_bytes() const { return impl_->budget.used(); }
 uint64_t Engine::poller_wakeups() const { return impl_->wakeups.load(); }
+uint64_t Engine::refused() const { return impl_->refused.load(); }
 
 }  // namespace grpc_rdma

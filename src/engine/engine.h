@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "grpc_rdma/options.h"
+#include "grpc_rdma/stats.h"
 
 namespace grpc_rdma {
 
@@ -67,21 +68,8 @@ class RecvChunk {
   std::function<void()> release_;
 };
 
-struct ConnectionStats {
-  uint64_t bytes_sent = 0, bytes_received = 0;
-  uint64_t eager_messages = 0;     // SENDs of stream data
-  uint64_t coalesced_writes = 0;   // writes that shared a SEND with another
-  uint64_t rendezvous = 0;         // large writes sent by rendezvous
-  uint64_t standing_writes = 0;    // ... of them at once, into a standing grant
-  uint64_t chunks_zero_copy = 0;   // received chunks lent to the reader
-  uint64_t chunks_copied = 0;      // received chunks copied (pool was short)
-  uint64_t credit_messages = 0;    // explicit credit updates sent
-  // Host copies of stream bytes made by the engine: application data into
-  // registered staging buffers (eager and rendezvous), and received bytes
-  // out of registered buffers (eager messages, chunks copied).
-  uint64_t bytes_copied_on_send = 0;
-  uint64_t bytes_copied_on_receive = 0;
-};
+// One connection's counters (grpc_rdma/stats.h says what each counts).
+using ConnectionStats = StreamStats;
 
 class Connection {
  public:
@@ -116,6 +104,8 @@ class Connection {
   virtual void SetHostPolled(bool on) = 0;
   virtual std::string peer() const = 0;   // "rdma:10.0.0.2:50051"
   virtual std::string local() const = 0;
+  // The RDMA device the connection runs on ("mlx5_0").
+  virtual std::string device() const = 0;
   virtual ConnectionStats stats() const = 0;
 };
 
@@ -163,6 +153,9 @@ class Engine {
   const Options& options() const;
   uint64_t pinned_bytes() const;  // registered memory in use, all connections
   uint64_t poller_wakeups() const;  // times something woke the poller thread
+  // Connection requests refused: not grpc-rdma's, on another device than
+  // TF_RDMA_DEV_NAME, or no resources to set them up.
+  uint64_t refused() const;
 
  private:
   explicit Engine(std::shared_ptr<EngineImpl> impl);

@@ -319,6 +319,20 @@ class RogueServer {
     if (port.ok()) port_ = *port;
   }
   bool ok() const { return port_ != 0; }
+  // Waits up to `ms` for the connections it accepted to have counted `n`
+  // faults between them; the count then.
+  uint64_t WaitForErrors(uint64_t n, int ms) {
+    uint64_t errors = 0;
+    for (int waited = 0;; waited += 10) {
+      errors = 0;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        for (auto& c : accepted_) errors += c->stats().connection_errors;
+      }
+      if (errors >= n || waited >= ms) return errors;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   int Run(const std::vector<std::string>& env) {
     pid_t child = Spawn({"--child", "rogue", std::to_string(port_)}, env);
     int status = 0;
@@ -841,12 +855,18 @@ int ChildTwoDevices() {
   if (!p1.ok()) return 22;
   auto c = connect(**named, addr("127.0.0.1", *p1));
   if (c.ok() || !says(c.status())) return 23;
-  if (!connect(**named, addr("127.0.0.2", *p2)).ok()) return 24;
+  auto c2 = connect(**named, addr("127.0.0.2", *p2));
+  if (!c2.ok()) return 24;
+  if ((*c2)->device() != "mlx5_1") return 28;
   // Listening on every address: requests that arrive on mlx5_0 refused.
   absl::StatusOr<uint16_t> pw = (*named)->Listen(addr("0.0.0.0", 0), keep);
   if (!pw.ok()) return 25;
+  if ((*named)->refused() != 0) return 29;
   if (connect(**any, addr("127.0.0.1", *pw)).ok()) return 26;
+  if ((*named)->refused() != 1) return 30;  // counted
   if (!connect(**any, addr("127.0.0.2", *pw)).ok()) return 27;
+  auto c1 = connect(**any, addr("127.0.0.1", *p1));
+  if (!c1.ok() || (*c1)->device() != "mlx5_0") return 31;
   return 0;
 }
 
@@ -919,6 +939,8 @@ int ChildMemlockReceiver(uint16_t port) {
     fprintf(stderr, "memlock child: the read ended: %s\n", std::string(d.end.message()).c_str());
     out(6);
   }
+  // Transfers waited for pinned memory, and the stats say so.
+  if ((*c)->stats().memory_waits == 0) out(8);
   out(d.data == payload ? 0 : 7);
   return 0;
 }
@@ -1041,6 +1063,7 @@ TEST(EnginePeers, ChunksOutOfOrderAreAViolation) {
   EXPECT_EQ(server.Run({"ROGUE_MODE=reorder"}), 0) << "the rogue got its two grants";
   EXPECT_TRUE(log.WaitFor("the peer broke the protocol (chunk out of order)", 5000))
       << log.Text();
+  EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << "counted in connection_errors";
 }
 
 // A peer that announces a large message, takes the grants and writes
@@ -1056,6 +1079,7 @@ TEST(EnginePeers, GrantsLeftUnwrittenCloseTheConnection) {
   EXPECT_EQ(server.Run({"ROGUE_MODE=silent"}), 0) << "14: the engine kept the connection";
   EXPECT_TRUE(log.WaitFor("granted bytes unwritten for 300 ms (TF_RDMA_GRANT_TIMEOUT_MS)", 5000))
       << log.Text();
+  EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << "counted in connection_errors";
 }
 
 // A locked-memory limit below TF_RDMA_BUF_SIZE (a user's `ulimit -l`, a

@@ -148,6 +148,57 @@ TEST(Engine, ConnectsAndCarriesBytesBothWays) {
   ASSERT_TRUE(WriteAll(*p.s, "and back").ok());
   ASSERT_TRUE(at_client.WaitFor(8));
   EXPECT_EQ(at_client.data(), "and back");
+  EXPECT_EQ(p.c->device(), "mlx5_0");
+  EXPECT_EQ(p.s->device(), "mlx5_0");
+  EXPECT_EQ(p.c->stats().connection_errors, 0u);
+  EXPECT_EQ(p.s->stats().connection_errors, 0u);
+  EXPECT_EQ(p.server->refused(), 0u);
+  p.Close();
+}
+
+// Backpressure from the peer's receive buffers, counted: while the
+// server's poller is held in a read callback it reposts no receives and
+// returns no credits, so the client's 100 eager messages (more than
+// TF_RDMA_EAGER_DEPTH) must wait for credits; once let go, all arrive.
+TEST(Engine, WritesThatWaitForThePeersCreditsAreCounted) {
+  Options o;
+  o.eager_depth = 16;
+  Pair p;
+  ASSERT_TRUE(p.Open(o));
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<std::string> first;
+  p.s->Read([&, released](absl::StatusOr<std::vector<RecvChunk>> r) {
+    std::string got;
+    if (r.ok()) {
+      for (RecvChunk& ch : *r) got.append(ch.data(), ch.size());
+    }
+    first.set_value(got);
+    released.wait();  // the server's poller, held
+  });
+  const size_t n = 100, size = o.acc_size;  // one message per SEND
+  std::string all = Pattern(n * size, 4);
+  std::atomic<size_t> written{0};
+  for (size_t i = 0; i < n; ++i) {
+    iovec v{all.data() + i * size, size};
+    p.c->Write({v}, [&](absl::Status s) {
+      if (s.ok()) written.fetch_add(1);
+    });
+  }
+  std::string head = first.get_future().get();
+  uint64_t waits = 0;
+  for (int i = 0; i < 500 && waits == 0; ++i) {
+    waits = p.c->stats().credit_waits;
+    if (waits == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(waits, 1u) << "100 messages against " << o.eager_depth << " receives";
+  EXPECT_LT(written.load(), n) << "every write went out with the receiver held";
+  release.set_value();
+  Sink rest(p.s);
+  ASSERT_TRUE(rest.WaitFor(all.size() - head.size()));
+  EXPECT_TRUE(head + rest.data() == all);
+  EXPECT_EQ(p.s->stats().credit_waits, 0u) << "the server wrote nothing";
+  EXPECT_EQ(p.c->stats().connection_errors, 0u);
   p.Close();
 }
 
@@ -419,8 +470,8 @@ TEST(Engine, MidSizeMessagesUseStandingGrants) {
   ASSERT_TRUE(at_server.WaitFor(all.size()));
   EXPECT_TRUE(at_server.data() == all);
   ConnectionStats st = p.c->stats();
-  EXPECT_GT(st.standing_writes, 0u) << "no message went into a standing grant";
-  EXPECT_GT(st.rendezvous, st.standing_writes) << "1 MiB messages must still be announced";
+  EXPECT_GT(st.rendezvous_pre_granted, 0u) << "no message went into a standing grant";
+  EXPECT_GT(st.rendezvous, st.rendezvous_pre_granted) << "1 MiB messages must still be announced";
   EXPECT_GT(at_server.zero_copy_chunks(), 0u);
   p.Close();
 }
@@ -459,7 +510,7 @@ TEST(Engine, AnnouncedTransfersProgressWithOneChunkInFlight) {
   ASSERT_TRUE(at_server.WaitFor(all.size(), 20000)) << "an announced transfer was never granted";
   EXPECT_EQ(ok->load(), 4);
   EXPECT_TRUE(at_server.data() == all);
-  EXPECT_GT(p.c->stats().rendezvous, p.c->stats().standing_writes);
+  EXPECT_GT(p.c->stats().rendezvous, p.c->stats().rendezvous_pre_granted);
   p.Close();
 }
 
@@ -500,8 +551,8 @@ TEST(Engine, EndsWithDifferentChunkAndEagerSizesInteroperate) {
     // Toward the small end, standing grants of 64 KiB (above its 8 KiB
     // eager limit) are used; the large end's 64 KiB grants would be under
     // its 256 KiB eager limit, so it makes none.
-    EXPECT_GT((server_small ? p.c : p.s)->stats().standing_writes, 0u);
-    EXPECT_EQ((server_small ? p.s : p.c)->stats().standing_writes, 0u);
+    EXPECT_GT((server_small ? p.c : p.s)->stats().rendezvous_pre_granted, 0u);
+    EXPECT_EQ((server_small ? p.s : p.c)->stats().rendezvous_pre_granted, 0u);
     p.Close();
   }
 }

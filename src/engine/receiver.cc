@@ -72,7 +72,7 @@ bool ConnImpl::PostRecvLocked(size_t index) {
 // The receive is handled: post it again, and owe the peer its credit.
 void ConnImpl::RepostLocked(size_t index, Deferred* d) {
   if (!PostRecvLocked(index)) {
-    CloseLocked(absl::InternalError("ibv_post_recv failed"), d, true);
+    FailLocked(absl::InternalError("ibv_post_recv failed"), d);
     return;
   }
   flow_.Reposted();
@@ -122,14 +122,14 @@ void ConnImpl::OnQpEventLocked(ibv_event_type type, Deferred* d) {
   // line is the only place the reason shows.
   GRPC_RDMA_LOG_ERROR("connection %s: %s; %s", peer_.c_str(), what,
                       state_ == State::kClosed ? "it is closed" : "closing it");
-  if (state_ != State::kClosed) CloseLocked(absl::UnavailableError(what), d, true);
+  FailLocked(absl::UnavailableError(what), d);
 }
 
 void ConnImpl::Violation(const char* what, Deferred* d) {
   GRPC_RDMA_LOG_ERROR(
       "connection %s: the peer broke the protocol (%s); closing it",
       peer_.c_str(), what);
-  CloseLocked(absl::UnavailableError(absl::StrCat("peer broke the protocol: ", what)), d, true);
+  FailLocked(absl::UnavailableError(absl::StrCat("peer broke the protocol: ", what)), d);
 }
 
 void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
@@ -298,9 +298,9 @@ void ConnImpl::GrantsTimedOutLocked(uint64_t now_us, Deferred* d) {
       peer_.c_str(), static_cast<unsigned long long>(in_total_),
       static_cast<unsigned long long>(in_granted_ - in_received_),
       engine_->options.grant_timeout_ms);
-  CloseLocked(absl::UnavailableError(
-                  "the peer left memory granted to it unwritten past TF_RDMA_GRANT_TIMEOUT_MS"),
-              d, true);
+  FailLocked(absl::UnavailableError(
+                 "the peer left memory granted to it unwritten past TF_RDMA_GRANT_TIMEOUT_MS"),
+             d);
 }
 
 uint32_t ConnImpl::NextGrantIdLocked() {
@@ -335,7 +335,7 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     if (!SendControlLocked(h)) {
       remote_pool_->Put(buf);
       if (flow_.HasSendSlot())
-        CloseLocked(absl::InternalError("ibv_post_send(CTS) failed"), d, true);
+        FailLocked(absl::InternalError("ibv_post_send(CTS) failed"), d);
       return;
     }
     landings_[id] = Landing{buf, len, false, in_granted_};

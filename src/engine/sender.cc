@@ -48,13 +48,14 @@ void ConnImpl::CopyOut(WriteOp& op, size_t offset, char* to, size_t len) {
 PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d) {
   absl::StatusOr<PinnedBuffer*> b = pool.Get(size);
   if (!b.ok()) {
-    CloseLocked(b.status(), d, true);
+    FailLocked(b.status(), d);
     return nullptr;
   }
   if (*b == nullptr && !waiting_budget_) {
     // Backpressure: the poller runs this connection again when pinned
     // memory comes back. One waiter at a time, for the size Get reserves.
     waiting_budget_ = true;
+    ++stats_.memory_waits;
     // Counted, then one more try: a buffer a reader gave back just before
     // the count went up (and so woke nobody) is found now.
     engine_->buffer_waiters.fetch_add(1);
@@ -63,7 +64,7 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
       waiting_budget_ = false;
       engine_->buffer_waiters.fetch_sub(1);
       if (b.ok()) return *b;
-      CloseLocked(b.status(), d, true);
+      FailLocked(b.status(), d);
       return nullptr;
     }
     engine_->budget.NotifyWhenAvailable(
@@ -120,7 +121,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
     local_pool_->Put(buf);
-    CloseLocked(absl::InternalError("ibv_post_send failed"), d, true);
+    FailLocked(absl::InternalError("ibv_post_send failed"), d);
     return false;
   }
   flow_.Told(h.credits);
@@ -150,7 +151,7 @@ bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGr
   wr.wr.rdma.rkey = g.rkey;
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
     local_pool_->Put(b);
-    CloseLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d, true);
+    FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d);
     return false;
   }
   inflight_[wr.wr_id] = b;
@@ -191,7 +192,7 @@ bool ConnImpl::WriteStandingLocked(Deferred* d) {
   op.copied = op.total;
   stats_.bytes_sent += op.total;
   ++stats_.rendezvous;
-  ++stats_.standing_writes;
+  ++stats_.rendezvous_pre_granted;
   WriteDone cb = std::move(op.done);
   d->push_back([cb] { cb(absl::OkStatus()); });
   writes_.pop_front();
@@ -209,12 +210,21 @@ void ConnImpl::PumpLocked(Deferred* d) {
     if (state_ != State::kUp) return;
     IssueGrantsLocked(d);
     if (state_ != State::kUp) return;
-    if (!flow_.HasSendSlot()) break;  // completions will free slots and pump again
-    if (!out_grants_.empty() && flow_.CanSendData()) {
+    if (!flow_.HasSendSlot() || !flow_.CanSendData()) {
+      // Completions (slots) or the peer's credit updates pump again.
+      bool ready = !out_grants_.empty() || (!writes_.empty() && !writes_.front().rts_sent);
+      if (ready && !credit_blocked_) {
+        credit_blocked_ = true;
+        ++stats_.credit_waits;
+      }
+      break;
+    }
+    credit_blocked_ = false;
+    if (!out_grants_.empty()) {
       if (!WriteChunkLocked(d)) break;
       continue;
     }
-    if (writes_.empty() || !flow_.CanSendData()) break;
+    if (writes_.empty()) break;
     WriteOp& op = writes_.front();
     if (op.total > peer_acc_ && !op.rts_sent && op.copied == 0 && !standing_in_.empty() &&
         op.total <= standing_in_.front().len) {
@@ -227,7 +237,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
       h.type = wire::kRts;
       h.a = op.total;
       if (!SendControlLocked(h)) {
-        CloseLocked(absl::InternalError("ibv_post_send(RTS) failed"), d, true);
+        FailLocked(absl::InternalError("ibv_post_send(RTS) failed"), d);
         return;
       }
       op.rts_sent = true;
@@ -242,7 +252,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
     wire::Header h{};
     h.type = wire::kCredit;
     if (SendControlLocked(h)) ++stats_.credit_messages;
-    else CloseLocked(absl::InternalError("ibv_post_send(CREDIT) failed"), d, true);
+    else FailLocked(absl::InternalError("ibv_post_send(CREDIT) failed"), d);
   }
 }
 

@@ -4,6 +4,7 @@
 #include <grpc/slice_buffer.h>
 #include <grpc/support/alloc.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct State {
   bool server = false;
   bool polling = false;  // acquired gRPC polling of the engine
   PollRegistration* conn_polling = nullptr;  // gRPC polls the connection's own descriptor
+  // Received bytes copied into gRPC slices here (small chunks): the
+  // connection's bytes_copied_on_receive besides the engine's.
+  std::atomic<uint64_t> bytes_copied{0};
 };
 
 struct RdmaEndpoint {
@@ -51,9 +55,9 @@ std::string GrpcAddress(const std::string& engine_address) {
   return absl::StrCat("ipv4:", engine_address.substr(kRdma.size()), "?transport=rdma");
 }
 
-grpc_slice ToSlice(RecvChunk chunk) {
+grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
   if (chunk.size() < kCopyBelow) {
-    GlobalCounters().endpoint_bytes_copied.fetch_add(chunk.size(), std::memory_order_relaxed);
+    copied->fetch_add(chunk.size(), std::memory_order_relaxed);
     return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
   }
   auto* held = new RecvChunk(std::move(chunk));
@@ -76,7 +80,7 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
       return;
     }
     for (RecvChunk& c : *r) {
-      if (c.size() > 0) grpc_slice_buffer_add(slices, ToSlice(std::move(c)));
+      if (c.size() > 0) grpc_slice_buffer_add(slices, ToSlice(std::move(c), &st->bytes_copied));
     }
     RunClosure(cb, absl::OkStatus());
   });
@@ -114,7 +118,7 @@ void EpDestroy(grpc_endpoint* ep) {
   if (st->conn_polling != nullptr)
     Runtime::Get()->StopPollingConnection(st->conn_polling, st->conn.get());
   // Shut down: its counts are final.
-  UntrackConnection(st->conn.get(), st->conn->stats());
+  UntrackConnection(st->conn.get());
   GlobalCounters().rdma_open.fetch_sub(1);
   if (st->polling) Runtime::Get()->ReleasePolling();
   GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
@@ -156,7 +160,8 @@ grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server)
   e->st->peer = GrpcAddress(conn->peer());
   e->st->local = GrpcAddress(conn->local());
   e->st->server = server;
-  TrackConnection(conn);
+  TrackConnection(conn, &e->st->bytes_copied);
+  std::string device = conn->device();
   e->st->conn = std::move(conn);
   if (Runtime* rt = Runtime::Get()) {
     rt->AcquirePolling();
@@ -166,8 +171,8 @@ grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server)
   Counters& c = GlobalCounters();
   (server ? c.rdma_server : c.rdma_client).fetch_add(1);
   c.rdma_open.fetch_add(1);
-  GRPC_RDMA_TRACE("%s: RDMA connection up (%s side, local %s)", e->st->peer.c_str(),
-                  server ? "server" : "client", e->st->local.c_str());
+  GRPC_RDMA_TRACE("%s: RDMA connection up (%s side, local %s, device %s)", e->st->peer.c_str(),
+                  server ? "server" : "client", e->st->local.c_str(), device.c_str());
   return &e->base;
 }
 

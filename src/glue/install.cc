@@ -6,12 +6,17 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/log.h>
 #include <link.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
@@ -19,6 +24,8 @@
 #include "glue/stats.h"
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
+#include "grpc_rdma/version.h"
+#include "src/core/lib/json/json.h"
 #include "src/core/lib/iomgr/iomgr_internal.h"
 #include "verbs/log.h"
 
@@ -79,26 +86,74 @@ void SayIfAnotherGrpc() {
 }
 
 bool SameOptions(const Options& a, const Options& b) {
-  return DescribeOptions(a) == DescribeOptions(b) && a.stats_dump == b.stats_dump;
+  return DescribeOptions(a) == DescribeOptions(b) && a.stats_dump == b.stats_dump &&
+         a.stats_interval_s == b.stats_interval_s;
 }
 
-void DumpStatsAtExit() {
-  Runtime* rt = Runtime::Get();
-  if (rt == nullptr || rt->options().stats_dump.empty()) return;
+// TF_RDMA_STATS (and TF_RDMA_STATS_INTERVAL_S): one line of JSON to
+// stderr, or a file replaced whole (written beside it, then renamed, so a
+// reader never sees half of one). Dumps never overlap: the periodic one
+// and the one at exit take turns.
+std::mutex& DumpMu() {
+  static auto* mu = new std::mutex;  // never destroyed: used from atexit
+  return *mu;
+}
+bool g_exited = false;  // with DumpMu: the exit dump is done, no more
+
+void DumpStats(const std::string& where) {
   std::string json = StatsJson(GetStats()) + "\n";
-  const std::string& where = rt->options().stats_dump;
   if (where == "stderr") {
     fputs(("grpc_rdma stats: " + json).c_str(), stderr);
     return;
   }
-  FILE* f = fopen(where.c_str(), "w");
-  if (f == nullptr) {
-    gpr_log(GPR_ERROR, "grpc_rdma: TF_RDMA_STATS=%s: cannot write: %s", where.c_str(),
-            strerror(errno));
-    return;
+  // A regular file (or none yet) is replaced; anything else (a pipe, a
+  // device, a symbolic link) is written in place.
+  struct stat st {};
+  bool replace = lstat(where.c_str(), &st) == 0 ? S_ISREG(st.st_mode) : errno == ENOENT;
+  std::string tmp = replace ? absl::StrCat(where, ".tmp.", getpid()) : where;
+  FILE* f = fopen(tmp.c_str(), "w");
+  bool ok = f != nullptr && fputs(json.c_str(), f) >= 0;
+  int err = errno;
+  if (f != nullptr && fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
   }
-  fputs(json.c_str(), f);
-  fclose(f);
+  if (ok && (!replace || rename(tmp.c_str(), where.c_str()) == 0)) return;
+  if (ok) err = errno;
+  if (f != nullptr && replace) unlink(tmp.c_str());
+  // Said once: a periodic dump would repeat it every interval.
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    gpr_log(GPR_ERROR, "grpc_rdma: TF_RDMA_STATS=%s: cannot write: %s", where.c_str(),
+            strerror(err));
+  }
+}
+
+std::string DumpDestination(const Options& o) {
+  if (!o.stats_dump.empty()) return o.stats_dump;
+  return o.stats_interval_s > 0 ? "stderr" : "";
+}
+
+void DumpStatsAtExit() {
+  Runtime* rt = Runtime::Get();
+  if (rt == nullptr) return;
+  std::lock_guard<std::mutex> g(DumpMu());
+  g_exited = true;
+  std::string where = DumpDestination(rt->options());
+  if (!where.empty()) DumpStats(where);
+}
+
+// TF_RDMA_STATS_INTERVAL_S: a thread that dumps every interval, for the
+// life of the process (the stats it reads are never destroyed).
+void StartPeriodicDumps(int interval_s, std::string where) {
+  std::thread([interval_s, where] {
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::seconds(interval_s));
+      std::lock_guard<std::mutex> g(DumpMu());
+      if (g_exited) return;
+      DumpStats(where);
+    }
+  }).detach();
 }
 
 }  // namespace
@@ -134,6 +189,11 @@ std::string Runtime::unavailable() {
 uint64_t Runtime::pinned_bytes() {
   std::lock_guard<std::mutex> g(mu_);
   return engine_ ? engine_->pinned_bytes() : 0;
+}
+
+uint64_t Runtime::refused() {
+  std::lock_guard<std::mutex> g(mu_);
+  return engine_ ? engine_->refused() : 0;
 }
 
 uint64_t Runtime::host_polls() {
@@ -208,7 +268,10 @@ absl::Status Install(const Options& options) {
                   std::memory_order_release);
   grpc_set_tcp_client_impl(&kRdmaTcpClientVtable);
   grpc_set_tcp_server_impl(&kRdmaTcpServerVtable);
-  if (!options.stats_dump.empty()) atexit(DumpStatsAtExit);
+  if (!DumpDestination(options).empty()) atexit(DumpStatsAtExit);
+  if (options.stats_interval_s > 0) {
+    StartPeriodicDumps(options.stats_interval_s, DumpDestination(options));
+  }
   SayIfAnotherGrpc();
   return absl::OkStatus();
 }
@@ -233,6 +296,9 @@ bool Installed() { return Runtime::Get() != nullptr; }
 
 Stats GetStats() {
   Stats s;
+  StreamSnapshot streams = StreamTotals();
+  static_cast<StreamStats&>(s) = streams.total;
+  s.devices = std::move(streams.devices);
   Counters& c = GlobalCounters();
   s.rdma_client_connections = c.rdma_client;
   s.rdma_server_connections = c.rdma_server;
@@ -241,47 +307,44 @@ Stats GetStats() {
   s.rdma_connections_open = c.rdma_open;
   s.fallbacks = c.fallbacks;
   s.fallbacks_remembered = c.fallbacks_remembered;
-  ConnectionStats t = StreamTotals();
-  s.bytes_sent = t.bytes_sent;
-  s.bytes_received = t.bytes_received;
-  s.eager_messages = t.eager_messages;
-  s.coalesced_writes = t.coalesced_writes;
-  s.rendezvous = t.rendezvous;
-  s.rendezvous_pre_granted = t.standing_writes;
-  s.chunks_zero_copy = t.chunks_zero_copy;
-  s.chunks_copied = t.chunks_copied;
-  s.bytes_copied_on_send = t.bytes_copied_on_send;
-  s.bytes_copied_on_receive = t.bytes_copied_on_receive + c.endpoint_bytes_copied;
+  s.version = GRPC_RDMA_VERSION_STRING;
+  s.grpc_version = GRPC_RDMA_GRPC_VERSION_STRING;
   if (Runtime* rt = Runtime::Get()) {
     s.rdma_unavailable = rt->unavailable();
     s.pinned_bytes = rt->pinned_bytes();
     s.grpc_thread_polls = rt->host_polls();
+    s.connections_refused = rt->refused();
   }
   return s;
 }
 
-std::string StatsJson(const Stats& s) {
-  std::string why;
-  for (char ch : s.rdma_unavailable) {
-    if (ch == '"' || ch == '\\') why += '\\';
-    if (static_cast<unsigned char>(ch) >= 0x20) why += ch;
-  }
-  return absl::StrCat(
-      "{\"rdma_client_connections\":", s.rdma_client_connections,
-      ",\"rdma_server_connections\":", s.rdma_server_connections,
-      ",\"tcp_client_connections\":", s.tcp_client_connections,
-      ",\"tcp_server_connections\":", s.tcp_server_connections,
-      ",\"rdma_connections_open\":", s.rdma_connections_open, ",\"fallbacks\":", s.fallbacks,
-      ",\"fallbacks_remembered\":", s.fallbacks_remembered, ",\"bytes_sent\":", s.bytes_sent,
-      ",\"bytes_received\":", s.bytes_received, ",\"eager_messages\":", s.eager_messages,
-      ",\"coalesced_writes\":", s.coalesced_writes, ",\"rendezvous\":", s.rendezvous,
-      ",\"rendezvous_pre_granted\":", s.rendezvous_pre_granted,
-      ",\"chunks_zero_copy\":", s.chunks_zero_copy, ",\"chunks_copied\":", s.chunks_copied,
-      ",\"bytes_copied_on_send\":", s.bytes_copied_on_send,
-      ",\"bytes_copied_on_receive\":", s.bytes_copied_on_receive,
-      ",\"pinned_bytes\":", s.pinned_bytes, ",\"grpc_thread_polls\":", s.grpc_thread_polls,
-      ",\"rdma_unavailable\":\"", why, "\"}");
+namespace {
+grpc_core::Json::Object StreamJson(const StreamStats& s) {
+  grpc_core::Json::Object o;
+#define GRPC_RDMA_JSON_FIELD_(name, what) o[#name] = grpc_core::Json(s.name);
+  GRPC_RDMA_STREAM_COUNTERS(GRPC_RDMA_JSON_FIELD_)
+  return o;
 }
+}  // namespace
+
+std::string StatsJson(const Stats& s) {
+  grpc_core::Json::Object o = StreamJson(s);
+  GRPC_RDMA_PROCESS_COUNTERS(GRPC_RDMA_JSON_FIELD_)
+  o["version"] = s.version;
+  o["grpc_version"] = s.grpc_version;
+  o["rdma_unavailable"] = s.rdma_unavailable;
+  grpc_core::Json::Object devices;
+  for (const DeviceStats& d : s.devices) {
+    grpc_core::Json::Object od = StreamJson(d);
+#define GRPC_RDMA_JSON_DEVICE_FIELD_(name, what) od[#name] = grpc_core::Json(d.name);
+    GRPC_RDMA_DEVICE_COUNTERS(GRPC_RDMA_JSON_DEVICE_FIELD_)
+#undef GRPC_RDMA_JSON_DEVICE_FIELD_
+    devices[d.name] = grpc_core::Json(std::move(od));
+  }
+  o["devices"] = grpc_core::Json(std::move(devices));
+  return grpc_core::Json(std::move(o)).Dump();
+}
+#undef GRPC_RDMA_JSON_FIELD_
 
 namespace {
 // Linked or preloaded: install from the environment before main(). The

@@ -39,6 +39,7 @@ class Runtime {
   // Registered memory in use (0 before the engine exists; never creates it).
   uint64_t pinned_bytes();
   uint64_t host_polls();  // Engine::host_polls, 0 before the engine exists
+  uint64_t refused();     // Engine::refused, likewise
 
   // gRPC's pollers poll the engine too while there is an RDMA endpoint or
   // listener (grpc_polling.cc); each creation acquires, each end releases.

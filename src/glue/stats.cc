@@ -1,35 +1,36 @@
 #include "glue/stats.h"
 
+#include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
-#include <vector>
 
 namespace grpc_rdma {
 namespace {
 
-void Add(ConnectionStats* t, const ConnectionStats& s) {
-  t->bytes_sent += s.bytes_sent;
-  t->bytes_received += s.bytes_received;
-  t->eager_messages += s.eager_messages;
-  t->coalesced_writes += s.coalesced_writes;
-  t->rendezvous += s.rendezvous;
-  t->standing_writes += s.standing_writes;
-  t->chunks_zero_copy += s.chunks_zero_copy;
-  t->chunks_copied += s.chunks_copied;
-  t->credit_messages += s.credit_messages;
-  t->bytes_copied_on_send += s.bytes_copied_on_send;
-  t->bytes_copied_on_receive += s.bytes_copied_on_receive;
-}
+struct Open {
+  std::weak_ptr<Connection> conn;
+  std::string device;
+  const std::atomic<uint64_t>* endpoint_copies = nullptr;
+};
 
 struct Registry {
   std::mutex mu;  // taken before any engine lock (Connection::stats)
-  std::unordered_map<const Connection*, std::weak_ptr<Connection>> open;
-  ConnectionStats closed;
+  std::unordered_map<const Connection*, Open> open;
+  // Per device: connections ever tracked, and closed ones' stream counts.
+  std::map<std::string, DeviceStats> devices;
 };
 
 Registry& R() {
   static auto* r = new Registry;  // never destroyed: used from atexit
   return *r;
+}
+
+// One connection's counts as its device will sum them.
+StreamStats CountsOf(Connection& c, const std::atomic<uint64_t>* endpoint_copies) {
+  StreamStats s = c.stats();
+  if (endpoint_copies != nullptr) s.bytes_copied_on_receive += endpoint_copies->load();
+  return s;
 }
 
 }  // namespace
@@ -39,23 +40,41 @@ Counters& GlobalCounters() {
   return *c;
 }
 
-void TrackConnection(const std::shared_ptr<Connection>& c) {
+void TrackConnection(const std::shared_ptr<Connection>& c,
+                     const std::atomic<uint64_t>* endpoint_copies) {
+  std::string device = c->device();
+  if (device.empty()) device = "?";
   std::lock_guard<std::mutex> g(R().mu);
-  R().open[c.get()] = c;
+  DeviceStats& d = R().devices[device];
+  d.name = device;
+  ++d.connections;
+  R().open[c.get()] = Open{c, std::move(device), endpoint_copies};
 }
 
-void UntrackConnection(const Connection* c, const ConnectionStats& final_stats) {
+void UntrackConnection(const Connection* c) {
   std::lock_guard<std::mutex> g(R().mu);
-  if (R().open.erase(c) != 0) Add(&R().closed, final_stats);
-}
-
-ConnectionStats StreamTotals() {
-  std::lock_guard<std::mutex> g(R().mu);
-  ConnectionStats t = R().closed;
-  for (auto& [k, w] : R().open) {
-    if (auto c = w.lock()) Add(&t, c->stats());
+  auto it = R().open.find(c);
+  if (it == R().open.end()) return;
+  if (auto conn = it->second.conn.lock()) {
+    R().devices[it->second.device] += CountsOf(*conn, it->second.endpoint_copies);
   }
-  return t;
+  R().open.erase(it);
+}
+
+StreamSnapshot StreamTotals() {
+  std::lock_guard<std::mutex> g(R().mu);
+  std::map<std::string, DeviceStats> devices = R().devices;
+  for (auto& [k, o] : R().open) {
+    DeviceStats& d = devices[o.device];
+    ++d.connections_open;
+    if (auto c = o.conn.lock()) d += CountsOf(*c, o.endpoint_copies);
+  }
+  StreamSnapshot out;
+  for (auto& [name, d] : devices) {
+    out.total += d;
+    out.devices.push_back(std::move(d));
+  }
+  return out;
 }
 
 }  // namespace grpc_rdma

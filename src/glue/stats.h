@@ -2,33 +2,44 @@
 //
 // The process-wide counters behind grpc_rdma::GetStats(): connection
 // counts are atomics bumped where the event happens; stream counts are the
-// engine's per connection, summed over open and closed ones.
+// engine's per connection (plus the endpoint's copies), summed per device
+// over open and closed connections.
 #ifndef GRPC_RDMA_SRC_GLUE_STATS_H_
 #define GRPC_RDMA_SRC_GLUE_STATS_H_
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <vector>
 
 #include "engine/engine.h"
+#include "grpc_rdma/stats.h"
 
 namespace grpc_rdma {
 
 struct Counters {
   std::atomic<uint64_t> rdma_client{0}, rdma_server{0}, tcp_client{0}, tcp_server{0};
   std::atomic<uint64_t> rdma_open{0}, fallbacks{0}, fallbacks_remembered{0};
-  // Received bytes the endpoint copied into gRPC slices (small chunks).
-  std::atomic<uint64_t> endpoint_bytes_copied{0};
 };
 
 Counters& GlobalCounters();
 
-// Open RDMA connections register here; a closed one's counts move to the
-// totals in the same step, so a snapshot never counts a connection twice
-// or not at all.
-void TrackConnection(const std::shared_ptr<Connection>& c);
-void UntrackConnection(const Connection* c, const ConnectionStats& final_stats);
-// Closed connections' totals plus the open connections' counts, now.
-ConnectionStats StreamTotals();
+// Open RDMA connections register here, with the endpoint's count of bytes
+// it copied out of the connection's chunks (read until Untrack); a closed
+// one's counts move to its device's totals in the same step, so a snapshot
+// never counts a connection twice or not at all. Untrack after Shutdown:
+// the counts are then final.
+void TrackConnection(const std::shared_ptr<Connection>& c,
+                     const std::atomic<uint64_t>* endpoint_copies);
+void UntrackConnection(const Connection* c);
+
+// Per device (by name) and summed: closed connections' totals plus the
+// open connections' counts, now.
+struct StreamSnapshot {
+  StreamStats total;
+  std::vector<DeviceStats> devices;
+};
+StreamSnapshot StreamTotals();
 
 }  // namespace grpc_rdma
 

@@ -140,6 +140,17 @@ int Main(int argc, char** argv) {
     return 1;
   }
   printf("settings: %s\n", DescribeOptions(*o).c_str());
+  if (o->stats_dump.empty() && o->stats_interval_s == 0) {
+    printf("stats: not written (TF_RDMA_STATS to write them at exit)\n");
+  } else {
+    std::string where = o->stats_dump.empty() ? "stderr" : o->stats_dump;
+    if (o->stats_interval_s > 0) {
+      printf("stats: to %s every %d s (TF_RDMA_STATS_INTERVAL_S) and at exit\n", where.c_str(),
+             o->stats_interval_s);
+    } else {
+      printf("stats: to %s at exit\n", where.c_str());
+    }
+  }
   if (!o->enabled) {
     printf("TF_RDMA_ENABLED=false: grpc-rdma leaves gRPC alone (TCP)\n");
     return probe.empty() ? 0 : 2;

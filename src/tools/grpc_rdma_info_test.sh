@@ -43,9 +43,13 @@ case_() {
 
 case_ defaults 0 "grpc-rdma 0.1.0 (built for gRPC" "settings: enabled=true device=mlx5_0 (default)" \
   "RDMA devices: 1" "mlx5_0 port 1: ACTIVE, InfiniBand, MTU 4096, IPv4 127.0.0.1" \
-  "device: whichever RDMA CM resolves" -- "$run" "$info"
+  "device: whichever RDMA CM resolves" "stats: not written" -- "$run" "$info"
 case_ named-device 0 "<- TF_RDMA_DEV_NAME" "device: mlx5_0 only (TF_RDMA_DEV_NAME)" -- \
   env TF_RDMA_DEV_NAME=mlx5_0 "$run" "$info"
+case_ stats-settings 0 "stats: to stderr every 30 s (TF_RDMA_STATS_INTERVAL_S) and at exit" -- \
+  env TF_RDMA_STATS_INTERVAL_S=30 "$run" "$info"
+case_ stats-bad-interval 1 "TF_RDMA_STATS_INTERVAL_S='1h'" -- \
+  env TF_RDMA_STATS_INTERVAL_S=1h "$run" "$info"
 case_ bad-setting 1 "settings: not valid, so gRPC would use TCP" "TF_RDMA_CHUNK_SIZE='banana'" -- \
   env TF_RDMA_CHUNK_SIZE=banana "$run" "$info"
 case_ absent-device 1 "RDMA is off, gRPC would use TCP: TF_RDMA_DEV_NAME=mlx5_9: no such RDMA device" \

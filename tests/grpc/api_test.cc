@@ -4,11 +4,13 @@
 // GRPC_RDMA_NO_AUTO_INSTALL=1 (the application installs).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "echo_service.h"
 #include "grpc_rdma/grpc_rdma.h"
+#include "grpc_rdma/version.h"
 
 namespace {
 
@@ -49,16 +51,64 @@ TEST(ApiTest, DisabledChangesNothing) {
 
 TEST(ApiTest, StatsAsJson) {
   grpc_rdma::Stats s = grpc_rdma::GetStats();
-  s.rdma_unavailable = "no \"device\"";
+  s.rdma_unavailable = "no \"device\"\n";
   std::string j = grpc_rdma::StatsJson(s);
   EXPECT_EQ(j.front(), '{');
   EXPECT_EQ(j.back(), '}');
-  EXPECT_NE(j.find("\"rdma_client_connections\":0"), std::string::npos) << j;
-  EXPECT_NE(j.find("\"rdma_unavailable\":\"no \\\"device\\\"\""), std::string::npos) << j;
+  EXPECT_EQ(j.find('\n'), std::string::npos) << "one line: " << j;
+  EXPECT_NE(j.find("\"rdma_unavailable\":\"no \\\"device\\\"\\n\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"version\":\"" GRPC_RDMA_VERSION_STRING "\""), std::string::npos) << j;
+  EXPECT_NE(j.find("\"grpc_version\":\"" GRPC_RDMA_GRPC_VERSION_STRING "\""), std::string::npos)
+      << j;
   char* c = grpc_rdma_stats_json();
   ASSERT_NE(c, nullptr);
   EXPECT_NE(strstr(c, "\"fallbacks\":"), nullptr);
+  EXPECT_NE(strstr(c, "\"version\":\"" GRPC_RDMA_VERSION_STRING "\""), nullptr);
   free(c);
+}
+
+// Every counter of the table reaches the JSON with its own value, at the
+// top level and per device.
+TEST(ApiTest, EveryCounterIsInTheJson) {
+  grpc_rdma::Stats s;
+  uint64_t v = 1000;
+#define SET_(name, what) s.name = ++v;
+  GRPC_RDMA_STREAM_COUNTERS(SET_)
+  GRPC_RDMA_PROCESS_COUNTERS(SET_)
+  grpc_rdma::DeviceStats d;
+  d.name = "mlx5_7";
+#define SET_DEVICE_(name, what) d.name = ++v;
+  GRPC_RDMA_STREAM_COUNTERS(SET_DEVICE_)
+  GRPC_RDMA_DEVICE_COUNTERS(SET_DEVICE_)
+  s.devices.push_back(d);
+  std::string j = grpc_rdma::StatsJson(s);
+  std::string top = j.substr(0, j.find("\"devices\":")) + j.substr(j.find("}}") + 2);
+  std::string dev = j.substr(j.find("\"mlx5_7\":{"));
+  dev = dev.substr(0, dev.find('}'));
+  v = 1000;
+#define CHECK_(name, what) \
+  EXPECT_NE(top.find("\"" #name "\":" + std::to_string(++v)), std::string::npos) << #name << j;
+  GRPC_RDMA_STREAM_COUNTERS(CHECK_)
+  GRPC_RDMA_PROCESS_COUNTERS(CHECK_)
+#define CHECK_DEVICE_(name, what) \
+  EXPECT_NE(dev.find("\"" #name "\":" + std::to_string(++v)), std::string::npos) << #name << j;
+  GRPC_RDMA_STREAM_COUNTERS(CHECK_DEVICE_)
+  GRPC_RDMA_DEVICE_COUNTERS(CHECK_DEVICE_)
+}
+
+// docs/usage.md describes every counter (it is where users look them up).
+TEST(ApiTest, EveryCounterIsDocumented) {
+  FILE* f = fopen(GRPC_RDMA_SOURCE_DIR "/docs/usage.md", "r");
+  ASSERT_NE(f, nullptr) << GRPC_RDMA_SOURCE_DIR "/docs/usage.md";
+  std::string docs;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), f)) > 0;) docs.append(buf, n);
+  fclose(f);
+#define DOCUMENTED_(name, what) \
+  EXPECT_NE(docs.find("| `" #name "` |"), std::string::npos) << #name " is not in docs/usage.md";
+  GRPC_RDMA_STREAM_COUNTERS(DOCUMENTED_)
+  GRPC_RDMA_PROCESS_COUNTERS(DOCUMENTED_)
+  GRPC_RDMA_DEVICE_COUNTERS(DOCUMENTED_)
 }
 
 }  // namespace
@@ -87,6 +137,13 @@ TEST(ApiTest, InstalledCarriesRpcsOverRdma) {
   EXPECT_EQ(after.tcp_client_connections, before.tcp_client_connections);
   EXPECT_GE(after.bytes_sent - before.bytes_sent, 1u << 20);
   EXPECT_EQ(after.rdma_unavailable, "");
+  // Both ends are in this process, on softverbs' mlx5_0.
+  ASSERT_EQ(after.devices.size(), 1u);
+  EXPECT_EQ(after.devices[0].name, "mlx5_0");
+  EXPECT_GE(after.devices[0].connections, 2u);
+  EXPECT_GE(after.devices[0].connections_open, 2u);
+  EXPECT_EQ(after.devices[0].bytes_sent, after.bytes_sent) << "the only device has it all";
+  EXPECT_EQ(after.connection_errors, 0u);
   server->Shutdown();
 }
 

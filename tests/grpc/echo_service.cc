@@ -131,20 +131,34 @@ std::map<std::string, int64_t> RdmaStats() {
   if (fn == nullptr) return out;
   char* j = fn();
   if (j == nullptr) return out;
-  // {"name":123,...,"rdma_unavailable":"..."}: numbers only are kept.
+  // {"name":123,...,"devices":{...},"version":"..."}: the top level's
+  // numbers only (per-device objects repeat the stream counters' names).
   std::string s(j);
   free(j);
-  size_t i = 0;
-  while ((i = s.find('"', i)) != std::string::npos) {
-    size_t k = s.find('"', i + 1);
-    if (k == std::string::npos || k + 1 >= s.size() || s[k + 1] != ':') break;
-    std::string key = s.substr(i + 1, k - i - 1);
-    size_t v = k + 2;
-    if (v < s.size() && (isdigit(static_cast<unsigned char>(s[v])) || s[v] == '-')) {
-      out[key] = std::strtoll(s.c_str() + v, nullptr, 10);
+  int depth = 0;
+  std::string key;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char ch = s[i];
+    if (ch == '"') {
+      std::string text;
+      for (++i; i < s.size() && s[i] != '"'; ++i) {
+        if (s[i] == '\\') ++i;
+        if (i < s.size()) text += s[i];
+      }
+      if (i + 1 < s.size() && s[i + 1] == ':') key = text;
+    } else if (ch == '{') {
+      ++depth;
+    } else if (ch == '}') {
+      --depth;
+    } else if (depth == 1 && !key.empty() &&
+               (isdigit(static_cast<unsigned char>(ch)) || ch == '-')) {
+      char* end = nullptr;
+      out[key] = std::strtoll(s.c_str() + i, &end, 10);
+      i = static_cast<size_t>(end - s.c_str()) - 1;
+      key.clear();
+    } else if (ch == ',') {
+      key.clear();
     }
-    i = s.find_first_of(",}", v);
-    if (i == std::string::npos) break;
   }
   return out;
 }

@@ -41,7 +41,7 @@
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name)
+       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -78,8 +78,20 @@ cleanup() {
 trap cleanup EXIT
 fail() { FAILS+=("$*"); }
 
-# stat FILE KEY: the number after "KEY": in a stats file (empty if none).
-stat() { grep -o "\"$2\":[0-9]*" "$1" 2>/dev/null | head -n 1 | cut -d: -f2; }
+# stat FILE KEY: a top-level number of a stats file, or KEY as DEVICE.NAME
+# for one device's (empty if none).
+stat() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import json, sys
+try:
+    v = json.load(open(sys.argv[1]))
+    for k in sys.argv[2].split("."):
+        v = v["devices"][k] if isinstance(v, dict) and k in v.get("devices", {}) else v[k]
+    print(v if isinstance(v, int) else "")
+except (OSError, ValueError, KeyError, TypeError):
+    pass
+PY
+}
 
 # expect FILE KEY OP N (OP: eq ge): one check of a stats file.
 expect() {
@@ -348,6 +360,8 @@ case "$CASE" in
       call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "$two" TF_RDMA_DEV_NAME=mlx5_0
       expect "$C" rdma_client_connections ge 1
       expect "$C" tcp_client_connections eq 0
+      expect "$C" mlx5_0.connections ge 1   # the connections' device, in the stats
+      [ -z "$(stat "$C" mlx5_1.connections)" ] || fail "client stats count a connection on mlx5_1"
       stop_server
     fi
     ;;
@@ -363,6 +377,32 @@ case "$CASE" in
     grep -q "RDMA connection up (server side" "$TMP/server.err" ||
       fail "the server's trace has no accepted RDMA connection"
     expect "$C" rdma_client_connections ge 1
+    ;;
+  stats-interval)
+    # A long-running server's stats file, rewritten every second: it is
+    # there before any call (no connection yet), then counts the call's
+    # connections while the server still runs.
+    if start_server "" 127.0.0.1 1 TF_RDMA_STATS_INTERVAL_S=1; then
+      for _ in $(seq 1 50); do [ -n "$(stat "$S" rdma_server_connections)" ] && break; sleep 0.1; done
+      v=$(stat "$S" rdma_server_connections)
+      [ "$v" = 0 ] || fail "no first periodic dump with no connection (rdma_server_connections='$v')"
+      grep -q '"version":"[0-9][0-9.]*"' "$S" || fail "the stats carry no version: $(cat "$S")"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1
+      for _ in $(seq 1 50); do
+        v=$(stat "$S" mlx5_0.connections)
+        [ -n "$v" ] && [ "$v" -ge 1 ] && break
+        sleep 0.1
+      done
+      [ -n "$v" ] && [ "$v" -ge 1 ] ||
+        fail "the running server's stats never counted the call's connection: $(cat "$S")"
+      kill -0 "$SERVER_PID" 2>/dev/null || fail "the server stopped before its periodic dump was read"
+      stop_server
+    fi
+    expect "$C" mlx5_0.connections ge 1
+    expect "$C" connection_errors eq 0
+    expect "$S" rdma_server_connections ge 1
+    expect "$S" connections_refused eq 0
+    ls "$TMP"/server.stats.tmp.* >/dev/null 2>&1 && fail "a temporary stats file was left behind"
     ;;
   *) echo "unknown case $CASE (see --list)" >&2; exit 2 ;;
 esac
