@@ -38,6 +38,16 @@ struct Options {
   // RDMA CM resolves for each address is used.
   std::string device = "mlx5_0";
   bool device_explicit = false;
+  // TF_RDMA_PORT: the device port (1 to 255) every connection must use, as
+  // the device name is enforced; 0 (unset): whichever RDMA CM resolves.
+  int port = 0;
+  // TF_RDMA_GID_INDEX (RoCE): the GID table index every connection's
+  // source GID must be at (RDMA CM picks the GID from the address; one at
+  // another index goes by TCP). -1 (unset): any.
+  int gid_index = -1;
+  // TF_RDMA_TOS: the IP type of service (RoCE traffic class, 0 to 255) of
+  // every connection, set with rdma_set_option. -1 (unset): the system's.
+  int tos = -1;
   // TF_RDMA_CHUNK_SIZE, bytes: large payloads are cut into chunks of this
   // size, several in flight.
   uint64_t chunk_size = 4ull << 20;

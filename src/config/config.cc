@@ -96,7 +96,9 @@ class Parser {
     if (!v) return;
     int64_t x = 0;
     if (!ParseInt(*v, &x) || x < min || x > max) {
-      Bad(name, *v, absl::StrCat("expected a whole number of ", unit, " from ", min, " to ", max));
+      Bad(name, *v,
+          absl::StrCat("expected a whole number", *unit != '\0' ? absl::StrCat(" of ", unit) : "",
+                       " from ", min, " to ", max));
       return;
     }
     *field = static_cast<int>(x);
@@ -202,6 +204,14 @@ void Ranges(const Options& o, uint64_t max_acc, Parser* p) {
   range("grant_timeout_ms", static_cast<uint64_t>(o.grant_timeout_ms), 100, 3600000);
   range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
   range("stats_interval_s", static_cast<uint64_t>(o.stats_interval_s), 0, 86400);
+  // Unset: 0 for the port, -1 for the others.
+  auto settable = [&](const char* what, int v, int unset, int lo, int hi) {
+    if (v != unset && (v < lo || v > hi))
+      p->Add(absl::StrCat(what, " is ", v, ": allowed ", unset, " (unset) or ", lo, " to ", hi));
+  };
+  settable("port", o.port, 0, 1, 255);
+  settable("gid_index", o.gid_index, -1, 0, 65535);
+  settable("tos", o.tos, -1, 0, 255);
 }
 
 Options WithFraming(const Options& o, uint64_t* framing) {
@@ -231,6 +241,9 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   Parser p(lookup);
   p.Bool("TF_RDMA_ENABLED", &o.enabled);
   p.Device("TF_RDMA_DEV_NAME", &o);
+  p.Int("TF_RDMA_PORT", 1, 255, &o.port, "");
+  p.Int("TF_RDMA_GID_INDEX", 0, 65535, &o.gid_index, "");
+  p.Int("TF_RDMA_TOS", 0, 255, &o.tos, "");
   p.Size("TF_RDMA_CHUNK_SIZE", kMinChunk, kMaxChunk, &o.chunk_size);
   p.Size("TF_RDMA_ACC_SIZE", kMinAcc, kMaxAcc, &o.acc_size);
   p.Size("TF_RDMA_BUF_SIZE", 1, kMaxBuf, &o.buf_size);
@@ -310,7 +323,10 @@ std::string DescribeOptions(const Options& o) {
                       " connect_timeout_ms=", o.connect_timeout_ms,
                       " grant_timeout_ms=", o.grant_timeout_ms,
                       " fallback=", o.fallback == Fallback::kTcp ? "tcp" : "none",
-                      " fallback_ttl_s=", o.fallback_ttl_s);
+                      " fallback_ttl_s=", o.fallback_ttl_s,
+                      o.port > 0 ? absl::StrCat(" port=", o.port) : "",
+                      o.gid_index >= 0 ? absl::StrCat(" gid_index=", o.gid_index) : "",
+                      o.tos >= 0 ? absl::StrCat(" tos=", o.tos) : "");
 }
 
 }  // namespace grpc_rdma

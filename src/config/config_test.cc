@@ -36,6 +36,37 @@ TEST(Options, DefaultsAreRdmaTensorFlows) {
   EXPECT_EQ(o->stats_interval_s, 0);
 }
 
+TEST(Options, RoceSettings) {
+  auto o = ParseOptions(Env({}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->port, 0) << "unset: any port";
+  EXPECT_EQ(o->gid_index, -1);
+  EXPECT_EQ(o->tos, -1);
+  o = ParseOptions(Env({{"TF_RDMA_PORT", "2"}, {"TF_RDMA_GID_INDEX", "3"}, {"TF_RDMA_TOS", "106"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->port, 2);
+  EXPECT_EQ(o->gid_index, 3);
+  EXPECT_EQ(o->tos, 106);
+  EXPECT_NE(DescribeOptions(*o).find("port=2 gid_index=3 tos=106"), std::string::npos)
+      << DescribeOptions(*o);
+  std::string e = Error({{"TF_RDMA_PORT", "0"}});
+  EXPECT_NE(e.find("TF_RDMA_PORT='0' is not valid: expected a whole number from 1 to 255"),
+            std::string::npos)
+      << e;
+  e = Error({{"TF_RDMA_TOS", "256"}, {"TF_RDMA_GID_INDEX", "-1"}});
+  EXPECT_NE(e.find("TF_RDMA_TOS='256'"), std::string::npos) << e;
+  EXPECT_NE(e.find("TF_RDMA_GID_INDEX='-1'"), std::string::npos) << e;
+  Options bad;
+  bad.tos = 300;
+  absl::Status s = ValidateOptions(bad);
+  EXPECT_NE(s.message().find("tos is 300: allowed -1 (unset) or 0 to 255"),
+            absl::string_view::npos)
+      << s;
+  bad = Options();
+  bad.port = -3;
+  EXPECT_FALSE(ValidateOptions(bad).ok());
+}
+
 TEST(Options, StatsEveryInterval) {
   auto o = ParseOptions(Env({{"TF_RDMA_STATS", "/var/log/app/rdma.json"},
                              {"TF_RDMA_STATS_INTERVAL_S", "60"}}));

@@ -51,22 +51,52 @@ EngineImpl::EngineImpl(const Options& o)
       budget(o.buf_size, OneConnectionBytes(o)),
       device_(o.device_explicit ? o.device : "") {}
 
-const char* EngineImpl::WrongDeviceLocked(ibv_context* ctx, const char* what) {
-  if (device_.empty() || ctx == nullptr) return nullptr;
-  const char* name = ibv_get_device_name(ctx->device);
-  if (name != nullptr && device_ == name) return nullptr;
-  std::string other = name != nullptr ? name : "?";
-  wrong_device_why_ = absl::StrCat(what, " is on RDMA device ", other, ", not TF_RDMA_DEV_NAME=",
-                                   device_);
-  if (std::find(wrong_devices_logged_.begin(), wrong_devices_logged_.end(), other) ==
+const char* EngineImpl::WrongPathLocked(rdma_cm_id* id, const char* what) {
+  ibv_context* ctx = id != nullptr ? id->verbs : nullptr;
+  if (ctx == nullptr) return nullptr;
+  const char* n = ibv_get_device_name(ctx->device);
+  const std::string name = n != nullptr ? n : "?";
+  std::string why, key;
+  const ibv_sa_path_rec* path = id->route.num_paths > 0 ? id->route.path_rec : nullptr;
+  if (!device_.empty() && device_ != name) {
+    why = absl::StrCat(what, " is on RDMA device ", name, ", not TF_RDMA_DEV_NAME=", device_);
+    key = name;
+  } else if (options.port > 0 && id->port_num != 0 && id->port_num != options.port) {
+    why = absl::StrCat(what, " is on port ", static_cast<int>(id->port_num), " of ", name,
+                       ", not TF_RDMA_PORT=", options.port);
+    key = absl::StrCat(name, " port ", static_cast<int>(id->port_num));
+  } else if (options.gid_index >= 0 && path != nullptr &&
+             (path->sgid.global.subnet_prefix != 0 || path->sgid.global.interface_id != 0)) {
+    uint8_t port = id->port_num != 0 ? id->port_num : 1;
+    ibv_gid want{};
+    if (ibv_query_gid(ctx, port, options.gid_index, &want) != 0 ||
+        memcmp(&want, &path->sgid, sizeof(want)) != 0) {
+      char gid[INET6_ADDRSTRLEN] = "?";
+      inet_ntop(AF_INET6, path->sgid.raw, gid, sizeof(gid));
+      why = absl::StrCat(what, " is reached from GID ", gid, " of port ", static_cast<int>(port),
+                         " of ", name, ", which is not at TF_RDMA_GID_INDEX=",
+                         options.gid_index);
+      key = absl::StrCat(name, " gid ", gid);
+    }
+  }
+  if (why.empty()) return nullptr;
+  wrong_device_why_ = std::move(why);
+  if (std::find(wrong_devices_logged_.begin(), wrong_devices_logged_.end(), key) ==
       wrong_devices_logged_.end()) {
-    wrong_devices_logged_.push_back(other);
+    wrong_devices_logged_.push_back(key);
     GRPC_RDMA_LOG_ERROR(
-        "%s: such connections use TCP (said once per device; "
+        "%s: such connections use TCP (said once per device, port or GID; "
         "GRPC_TRACE=rdma shows each)",
         wrong_device_why_.c_str());
   }
   return wrong_device_why_.c_str();
+}
+
+absl::Status EngineImpl::SetTosLocked(rdma_cm_id* id) {
+  if (options.tos < 0) return absl::OkStatus();
+  uint8_t tos = static_cast<uint8_t>(options.tos);
+  return CheckErrno(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) != 0,
+                    "rdma_set_option(TOS)", absl::StrCat("TF_RDMA_TOS=", options.tos));
 }
 
 void EngineImpl::Shutdown() {
@@ -182,8 +212,9 @@ absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::Acc
                              "rdma_bind_addr"));
   // A specific address is bound to its device now (a wildcard to none:
   // requests on other devices are refused as they come).
-  if (const char* why = WrongDeviceLocked(id->verbs, "the address"))
+  if (const char* why = WrongPathLocked(id.get(), "the address"))
     return absl::FailedPreconditionError(why);
+  RETURN_IF_ERROR(SetTosLocked(id.get()));
   RETURN_IF_ERROR(CheckErrno(rdma_listen(id.get(), 128) != 0, "rdma_listen"));
   uint16_t port = ntohs(rdma_get_src_port(id.get()));
   id->context = reinterpret_cast<void*>(listeners_.size() + 1);
@@ -273,7 +304,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   wire::Hello peer;
   const char* bad = wire::ParseHello(e->param.conn.private_data,
                                      e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
-  if (const char* why = WrongDeviceLocked(e->id->verbs, "a connection request's address")) {
+  if (const char* why = WrongPathLocked(e->id, "a connection request's address")) {
     (void)why;  // logged once per device; the client falls back to TCP
     refused.fetch_add(1);  // before the peer can know
     rdma_reject(e->id, nullptr, 0);
@@ -335,12 +366,15 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
   std::lock_guard<std::mutex> cl(c->mu());
   switch (e->event) {
     case RDMA_CM_EVENT_ADDR_RESOLVED:
-      if (const char* why = WrongDeviceLocked(e->id->verbs, "the server's address"))
+      if (const char* why = WrongPathLocked(e->id, "the server's address"))
         return FailConnectLocked(c.get(), absl::UnavailableError(why), d);
+      if (absl::Status s = SetTosLocked(e->id); !s.ok()) return FailConnectLocked(c.get(), s, d);
       if (rdma_resolve_route(e->id, options.connect_timeout_ms) != 0)
         FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_route"), d);
       return;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
+      if (const char* why = WrongPathLocked(e->id, "the server's address"))
+        return FailConnectLocked(c.get(), absl::UnavailableError(why), d);
       absl::Status s = c->SetupLocked();
       if (s.ok()) WatchAsyncLocked(e->id->verbs);
       if (!s.ok()) return FailConnectLocked(c.get(), s, d);
@@ -409,6 +443,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
   RETURN_IF_ERROR(ValidateEngineOptions(options));
   ASSIGN_OR_RETURN(std::optional<std::string> device, ChooseDevice(options));
   (void)device;  // RDMA CM binds the device for the address; checked above
+  RETURN_IF_ERROR(CheckPortAndGid(options));
   auto impl = std::make_shared<EngineImpl>(options);
   RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

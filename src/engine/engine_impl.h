@@ -105,10 +105,16 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // TF_RDMA_DEV_NAME when the user named a device, else empty: then every
   // connection and listener must be on that device (an address that
   // resolves to another goes by TCP, with a log line once per device).
+  // Likewise TF_RDMA_PORT, and TF_RDMA_GID_INDEX for the route's source
+  // GID (checked once the route is resolved).
   const std::string device_;
-  // With mu: nullptr when `ctx` is the named device (or none was named),
-  // else why not; logged the first time for each other device.
-  const char* WrongDeviceLocked(ibv_context* ctx, const char* what);
+  // With mu: nullptr when `id` is on the named device, port and GID index
+  // (or none was named), else why not; logged the first time for each
+  // other device, port or GID.
+  const char* WrongPathLocked(rdma_cm_id* id, const char* what);
+  // TF_RDMA_TOS on `id`, if set (before its route is resolved, or on a
+  // listener, whose requests inherit it).
+  absl::Status SetTosLocked(rdma_cm_id* id);
   std::string wrong_device_why_;
   std::vector<std::string> wrong_devices_logged_;
   // `listener`: the listening id's context, read before the event was

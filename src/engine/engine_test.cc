@@ -1,6 +1,7 @@
 // The engine over softverbs: two engines (client and server) in one process.
 #include "engine/engine.h"
 #include "engine/testing.h"
+#include "engine/connection.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -154,6 +155,50 @@ TEST(Engine, ConnectsAndCarriesBytesBothWays) {
   EXPECT_EQ(p.s->stats().connection_errors, 0u);
   EXPECT_EQ(p.server->refused(), 0u);
   p.Close();
+}
+
+// TF_RDMA_TOS reaches both ends' QPs (the server's through its listener,
+// as the kernel's CM passes it on); TF_RDMA_PORT and TF_RDMA_GID_INDEX
+// that the device has are met; ones it lacks are errors at start that say
+// what the device has.
+TEST(Engine, RoceSettingsReachTheQpsOrAreRefusedAtStart) {
+  Options o;
+  o.tos = 106;
+  o.port = 1;
+  o.gid_index = 0;
+  Pair p;
+  ASSERT_TRUE(p.Open(o));
+  for (auto& c : {p.c, p.s}) {
+    auto* impl = dynamic_cast<ConnImpl*>(c.get());
+    ASSERT_NE(impl, nullptr);
+    ibv_qp_attr a{};
+    ibv_qp_init_attr init{};
+    ASSERT_EQ(ibv_query_qp(impl->qp(), &a, IBV_QP_AV, &init), 0);
+    EXPECT_EQ(a.ah_attr.grh.traffic_class, 106) << (c == p.c ? "client" : "server");
+  }
+  Sink at_server(p.s);
+  ASSERT_TRUE(WriteAll(*p.c, "over port 1, GID 0, TOS 106").ok());
+  ASSERT_TRUE(at_server.WaitFor(27));
+  p.Close();
+
+  Options bad;
+  bad.port = 2;
+  auto e = Engine::Create(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(e.status().message().find("TF_RDMA_PORT=2: no such port on any RDMA device "
+                                      "(mlx5_0 has 1 port)"),
+            absl::string_view::npos)
+      << e.status();
+  bad = Options();
+  bad.gid_index = 3;
+  bad.device_explicit = true;  // mlx5_0
+  e = Engine::Create(bad);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("TF_RDMA_GID_INDEX=3: no such port and GID (port 1 of "
+                                      "mlx5_0 has no GID at index 3 (its table has 1 entry))"),
+            absl::string_view::npos)
+      << e.status();
 }
 
 // Backpressure from the peer's receive buffers, counted: while the

@@ -53,6 +53,9 @@ struct CmId {
   CmId* listener = nullptr;  // for a child, until it is accepted
   // RDMA_OPTION_ID_ACK_TIMEOUT: the QP's local ACK timeout (4.096 us x 2^n).
   uint8_t ack_timeout = 14;
+  // RDMA_OPTION_ID_TOS: the traffic class of the path and the QP's address
+  // vector (a listener's is its requests', as in the kernel).
+  uint8_t tos = 0;
   // rdma_create_ep on the passive side with QP attributes: each request
   // rdma_get_request hands out gets a QP made with these.
   bool ep_qp = false;
@@ -260,6 +263,14 @@ void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   if (qp == nullptr || !qp->cm_managed || id->link == nullptr) return;
   qp->dest_qpn = id->peer_qpn;
   qp->peer_addr = id->id.route.addr.dst_sin.sin_addr;
+  // The address vector the CM gives it (ibv_query_qp reports it).
+  qp->ah = ibv_ah_attr{};
+  qp->ah.is_global = 1;
+  qp->ah.grh.dgid.raw[10] = qp->ah.grh.dgid.raw[11] = 0xff;
+  memcpy(&qp->ah.grh.dgid.raw[12], &qp->peer_addr, 4);
+  qp->ah.grh.traffic_class = id->tos;
+  qp->ah.grh.hop_limit = 64;
+  qp->ah.port_num = 1;
   if (qp->qp.state == IBV_QPS_INIT) qp->qp.state = IBV_QPS_RTR;
   qp->rnr_retry = mine.rnr_retry_count > 7 ? 7 : mine.rnr_retry_count;
   qp->retry_cnt = mine.retry_count > 7 ? 7 : mine.retry_count;
@@ -341,6 +352,8 @@ void OnReq(Link* l, const std::string& body) {
   c->id.ps = lid->id.ps;
   c->id.qp_type = lid->id.qp_type;
   c->listener = lid;
+  c->tos = lid->tos;  // inherited, as the kernel's CM does
+  c->ack_timeout = lid->ack_timeout;
   sockaddr_in local{}, peer{};
   socklen_t len = sizeof(local);
   getsockname(l->fd, reinterpret_cast<sockaddr*>(&local), &len);
@@ -790,6 +803,15 @@ int rdma_resolve_route(rdma_cm_id* cid, int) {
       id->id.route.path_rec->mtu = IBV_MTU_4096;
       id->id.route.path_rec->pkey = htobe16(0xffff);
     }
+    // RoCE-style GIDs: the IPv4-mapped addresses (the device's is its GID
+    // at index 0), and the traffic class RDMA_OPTION_ID_TOS asked for.
+    ibv_sa_path_rec* pr = id->id.route.path_rec;
+    if (id->dev != nullptr) pr->sgid = id->dev->gid;
+    memset(&pr->dgid, 0, sizeof(pr->dgid));
+    pr->dgid.raw[10] = pr->dgid.raw[11] = 0xff;
+    memcpy(&pr->dgid.raw[12], &id->id.route.addr.dst_sin.sin_addr, 4);
+    pr->traffic_class = id->tos;
+    pr->hop_limit = 64;
     id->state = CmState::kRoute;
     PushEventLater(id, RDMA_CM_EVENT_ROUTE_RESOLVED);
   }
@@ -1084,8 +1106,12 @@ int rdma_set_option(rdma_cm_id* cid, int level, int optname, void* optval, size_
   if (level == RDMA_OPTION_IB && optname == RDMA_OPTION_IB_PATH) return 0;
   if (level != RDMA_OPTION_ID) return Fail(ENOSYS);
   switch (optname) {
-    case RDMA_OPTION_ID_TOS:
-      return optlen == sizeof(uint8_t) ? 0 : Fail(EINVAL);
+    case RDMA_OPTION_ID_TOS: {
+      if (optlen != sizeof(uint8_t)) return Fail(EINVAL);
+      std::lock_guard<std::mutex> g(Rt().mu);
+      ToId(cid)->tos = *static_cast<uint8_t*>(optval);
+      return 0;
+    }
     case RDMA_OPTION_ID_REUSEADDR:
     case RDMA_OPTION_ID_AFONLY:
       return optlen == sizeof(int) ? 0 : Fail(EINVAL);
@@ -1151,6 +1177,8 @@ int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
     attr->ah_attr.is_global = 1;
     memcpy(&attr->ah_attr.grh.dgid.raw[12], &id->id.route.addr.dst_sin.sin_addr, 4);
     attr->ah_attr.grh.dgid.raw[10] = attr->ah_attr.grh.dgid.raw[11] = 0xff;
+    attr->ah_attr.grh.traffic_class = id->tos;
+    attr->ah_attr.grh.hop_limit = 64;
     attr->ah_attr.port_num = 1;
     *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;

@@ -166,12 +166,22 @@ int Main(int argc, char** argv) {
     printf("RDMA is off, gRPC would use TCP: %s\n", std::string(dev.status().message()).c_str());
     return 1;
   }
+  if (absl::Status pg = CheckPortAndGid(*o); !pg.ok()) {
+    printf("RDMA is off, gRPC would use TCP: %s\n", std::string(pg.message()).c_str());
+    return 1;
+  }
   if (o->device_explicit) {
     printf("device: %s only (TF_RDMA_DEV_NAME); addresses on other devices use TCP\n",
            o->device.c_str());
   } else {
     printf("device: whichever RDMA CM resolves for each address (TF_RDMA_DEV_NAME not set)\n");
   }
+  if (o->port > 0) printf("port: %d only (TF_RDMA_PORT)\n", o->port);
+  if (o->gid_index >= 0) {
+    printf("GID: index %d only (TF_RDMA_GID_INDEX); routes from another GID use TCP\n",
+           o->gid_index);
+  }
+  if (o->tos >= 0) printf("type of service: %d (TF_RDMA_TOS)\n", o->tos);
   return probe.empty() ? 0 : Probe(*o, probe);
 }
 

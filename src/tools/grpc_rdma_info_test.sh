@@ -50,6 +50,11 @@ case_ stats-settings 0 "stats: to stderr every 30 s (TF_RDMA_STATS_INTERVAL_S) a
   env TF_RDMA_STATS_INTERVAL_S=30 "$run" "$info"
 case_ stats-bad-interval 1 "TF_RDMA_STATS_INTERVAL_S='1h'" -- \
   env TF_RDMA_STATS_INTERVAL_S=1h "$run" "$info"
+case_ roce-settings 0 "port: 1 only (TF_RDMA_PORT)" "GID: index 0 only (TF_RDMA_GID_INDEX)" \
+  "type of service: 96 (TF_RDMA_TOS)" "port=1 gid_index=0 tos=96" -- \
+  env TF_RDMA_PORT=1 TF_RDMA_GID_INDEX=0 TF_RDMA_TOS=96 "$run" "$info"
+case_ absent-port 1 "RDMA is off, gRPC would use TCP: TF_RDMA_PORT=3: no such port" \
+  "mlx5_0 has 1 port" -- env TF_RDMA_PORT=3 "$run" "$info"
 case_ bad-setting 1 "settings: not valid, so gRPC would use TCP" "TF_RDMA_CHUNK_SIZE='banana'" -- \
   env TF_RDMA_CHUNK_SIZE=banana "$run" "$info"
 case_ absent-device 1 "RDMA is off, gRPC would use TCP: TF_RDMA_DEV_NAME=mlx5_9: no such RDMA device" \

@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -118,6 +120,76 @@ std::vector<std::string> DeviceNames() {
   for (int i = 0; i < n; ++i) names.push_back(ibv_get_device_name(list[i]));
   ibv_free_device_list(list);
   return names;
+}
+
+namespace {
+
+// Why `name` cannot serve TF_RDMA_PORT / TF_RDMA_GID_INDEX, or "" if it can.
+std::string PortAndGidProblem(ibv_device* dev, const Options& o) {
+  const char* name = ibv_get_device_name(dev);
+  ibv_context* ctx = ibv_open_device(dev);
+  if (ctx == nullptr) return absl::StrCat(name, ": cannot be opened (", strerror(errno), ")");
+  std::string why;
+  ibv_device_attr da{};
+  if (ibv_query_device(ctx, &da) != 0) {
+    why = absl::StrCat(name, ": ibv_query_device failed");
+  } else if (o.port > da.phys_port_cnt) {
+    why = absl::StrCat(name, " has ", static_cast<int>(da.phys_port_cnt),
+                       da.phys_port_cnt == 1 ? " port" : " ports");
+  } else if (o.gid_index >= 0) {
+    // On the named port, or on any port of the device.
+    int first = o.port > 0 ? o.port : 1, last = o.port > 0 ? o.port : da.phys_port_cnt;
+    for (int p = first; p <= last; ++p) {
+      ibv_port_attr pa{};
+      ibv_gid gid{};
+      bool found = ibv_query_port(ctx, static_cast<uint8_t>(p), &pa) == 0 &&
+                   o.gid_index < pa.gid_tbl_len &&
+                   ibv_query_gid(ctx, static_cast<uint8_t>(p), o.gid_index, &gid) == 0 &&
+                   (gid.global.subnet_prefix != 0 || gid.global.interface_id != 0);
+      if (found) {
+        why.clear();
+        break;
+      }
+      if (why.empty()) {
+        why = absl::StrCat("port ", p, " of ", name, " has no GID at index ", o.gid_index,
+                           " (its table has ", pa.gid_tbl_len,
+                           pa.gid_tbl_len == 1 ? " entry" : " entries", ")");
+      }
+    }
+  }
+  ibv_close_device(ctx);
+  return why;
+}
+
+}  // namespace
+
+absl::Status CheckPortAndGid(const Options& o) {
+  if (o.port <= 0 && o.gid_index < 0) return absl::OkStatus();
+  const std::string what = absl::StrCat(o.port > 0 ? absl::StrCat("TF_RDMA_PORT=", o.port) : "",
+                                        o.port > 0 && o.gid_index >= 0 ? " " : "",
+                                        o.gid_index >= 0
+                                            ? absl::StrCat("TF_RDMA_GID_INDEX=", o.gid_index)
+                                            : "");
+  int n = 0;
+  ibv_device** list = ibv_get_device_list(&n);
+  if (list == nullptr || n == 0) {
+    if (list != nullptr) ibv_free_device_list(list);
+    return absl::UnavailableError("no RDMA device found");
+  }
+  std::vector<std::string> problems;
+  bool ok = false;
+  for (int i = 0; i < n && !ok; ++i) {
+    if (o.device_explicit && o.device != ibv_get_device_name(list[i])) continue;
+    std::string why = PortAndGidProblem(list[i], o);
+    if (why.empty()) ok = true;
+    else problems.push_back(why);
+  }
+  ibv_free_device_list(list);
+  if (ok) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat(what, ": no such ",
+                                          o.gid_index >= 0 ? "port and GID" : "port",
+                                          o.device_explicit ? "" : " on any RDMA device", " (",
+                                          absl::StrJoin(problems, "; "), ")"));
 }
 
 absl::StatusOr<std::optional<std::string>> ChooseDevice(const Options& options) {

@@ -94,6 +94,11 @@ absl::StatusOr<Qp> CreateQp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr attr);
 // address. No device at all is UNAVAILABLE.
 absl::StatusOr<std::optional<std::string>> ChooseDevice(const Options& options);
 
+// TF_RDMA_PORT and TF_RDMA_GID_INDEX, when set: the named device (or, with
+// no device named, some device) has that port, and a GID at that index on
+// it (or on any of its ports). NOT_FOUND says what each device lacks.
+absl::Status CheckPortAndGid(const Options& options);
+
 // The names ibv_get_device_list reports.
 std::vector<std::string> DeviceNames();
 

@@ -41,7 +41,8 @@
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval)
+       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
+       roce-settings)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -377,6 +378,23 @@ case "$CASE" in
     grep -q "RDMA connection up (server side" "$TMP/server.err" ||
       fail "the server's trace has no accepted RDMA connection"
     expect "$C" rdma_client_connections ge 1
+    ;;
+  roce-settings)
+    # TF_RDMA_PORT, TF_RDMA_GID_INDEX and TF_RDMA_TOS the device meets: RDMA;
+    # a port it lacks: RDMA off in that process, said once at ERROR, TCP.
+    roce=(TF_RDMA_PORT=1 TF_RDMA_GID_INDEX=0 TF_RDMA_TOS=96)
+    if start_server "" 127.0.0.1 1 "${roce[@]}"; then
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1 "${roce[@]}"
+      expect "$C" rdma_client_connections ge 1
+      expect "$C" tcp_client_connections eq 0
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1 TF_RDMA_PORT=2
+      grep -q "E.*grpc_rdma: RDMA is off in this process, gRPC uses TCP: TF_RDMA_PORT=2: no such port on any RDMA device (mlx5_0 has 1 port)" "$TMP/client.err" ||
+        fail "no ERROR line naming TF_RDMA_PORT: $(head -c 300 "$TMP/client.err")"
+      expect "$C" tcp_client_connections ge 1
+      expect "$C" rdma_client_connections eq 0
+      stop_server
+    fi
+    expect "$S" rdma_server_connections ge 1
     ;;
   stats-interval)
     # A long-running server's stats file, rewritten every second: it is

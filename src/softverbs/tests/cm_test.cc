@@ -269,6 +269,65 @@ TEST(Cm, AckTimeoutOptionReachesTheQp) {
   rdma_destroy_id(child);
 }
 
+// RDMA_OPTION_ID_TOS: the traffic class reaches the path record and the
+// QP's address vector; a listener's is its requests' (as in the kernel);
+// the path's source GID is the device's GID at index 0.
+TEST(Cm, TosReachesThePathAndTheQp) {
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  uint8_t server_tos = 40, client_tos = 106;
+  ASSERT_EQ(rdma_set_option(l.id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &server_tos, 1), 0);
+  int wide = 3;
+  EXPECT_EQ(rdma_set_option(l.id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &wide, sizeof(wide)), -1);
+  EXPECT_EQ(errno, EINVAL);
+  Client c;
+  c.ch = rdma_create_event_channel();
+  ASSERT_NE(c.ch, nullptr);
+  ASSERT_EQ(rdma_create_id(c.ch, &c.id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in a = Addr(l.port);
+  ASSERT_EQ(rdma_resolve_addr(c.id, nullptr, reinterpret_cast<sockaddr*>(&a), 2000), 0);
+  rdma_cm_event* e = Expect(c.ch, RDMA_CM_EVENT_ADDR_RESOLVED);
+  ASSERT_NE(e, nullptr);
+  rdma_ack_cm_event(e);
+  ASSERT_EQ(rdma_set_option(c.id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &client_tos, 1), 0);
+  ASSERT_EQ(rdma_resolve_route(c.id, 2000), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_ROUTE_RESOLVED);
+  ASSERT_NE(e, nullptr);
+  rdma_ack_cm_event(e);
+  ASSERT_NE(c.id->route.path_rec, nullptr);
+  EXPECT_EQ(c.id->route.path_rec->traffic_class, client_tos);
+  ibv_gid gid0{};
+  ASSERT_EQ(ibv_query_gid(c.id->verbs, 1, 0, &gid0), 0);
+  EXPECT_EQ(memcmp(&c.id->route.path_rec->sgid, &gid0, sizeof(gid0)), 0);
+  EXPECT_EQ(memcmp(&c.id->route.path_rec->dgid.raw[12], &a.sin_addr, 4), 0);
+  ibv_qp_init_attr qa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(c.id, nullptr, &qa), 0);
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr sa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
+  ASSERT_EQ(rdma_accept(child, nullptr), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e) rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+  if (e) rdma_ack_cm_event(e);
+  ibv_qp_attr q{};
+  ibv_qp_init_attr init{};
+  ASSERT_EQ(ibv_query_qp(c.id->qp, &q, IBV_QP_AV, &init), 0);
+  EXPECT_EQ(q.ah_attr.grh.traffic_class, client_tos);
+  EXPECT_EQ(q.ah_attr.is_global, 1);
+  ASSERT_EQ(ibv_query_qp(child->qp, &q, IBV_QP_AV, &init), 0);
+  EXPECT_EQ(q.ah_attr.grh.traffic_class, server_tos) << "the listener's, inherited";
+  rdma_disconnect(c.id);
+  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  rdma_destroy_qp(child);
+  rdma_destroy_id(child);
+}
+
 // The synchronous server of librdmacm's examples (rdma_server): an
 // endpoint made with QP attributes hands out requests that have a QP, so
 // a receive can be posted before the accept (it crashed: no QP).
