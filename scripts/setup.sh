@@ -51,6 +51,8 @@ packages=(
   protobuf-compiler libabsl-dev libssl-dev
   # RDMA verbs and rdma-cm, their tools, perftest
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
+  # rdma-core's own test suite (pyverbs), run over softverbs
+  python3-pyverbs
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # scripts: network namespaces, process tools, plots, test certificates

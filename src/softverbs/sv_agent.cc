@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <fstream>
 #include <random>
@@ -49,9 +50,36 @@ struct HelloAckMsg {
 
 }  // namespace
 
+namespace {
+// Never destroyed: the agent thread may run while the process exits.
+std::atomic<Runtime*> g_runtime{nullptr};
+std::atomic<bool> g_forked{false};
+std::atomic<void (*)()> g_fork_child_hook{nullptr};
+void OnForkChild() { g_forked.store(true, std::memory_order_release); }
+}  // namespace
+
+void SetForkChildHook(void (*hook)()) { g_fork_child_hook.store(hook); }
+
 Runtime& Runtime::Get() {
-  // Never destroyed: the agent thread may run while the process exits.
-  static Runtime* rt = new Runtime();
+  // In the child of a fork, the parent's runtime is not the child's: its
+  // agent thread did not come along, its epoll set and sockets are shared
+  // with the parent (whose agent would take the child's events), and a lock
+  // another thread held stays held. The child starts over with a runtime of
+  // its own, as it would open the device anew; what the parent made (ids,
+  // QPs) is not for the child to use, as on hardware.
+  if (g_forked.load(std::memory_order_acquire) && g_forked.exchange(false)) {
+    if (void (*hook)() = g_fork_child_hook.load()) hook();
+    g_runtime.store(new Runtime(), std::memory_order_release);
+  }
+  Runtime* rt = g_runtime.load(std::memory_order_acquire);
+  if (rt == nullptr) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      g_runtime.store(new Runtime(), std::memory_order_release);
+      pthread_atfork(nullptr, nullptr, OnForkChild);
+    });
+    rt = g_runtime.load(std::memory_order_acquire);
+  }
   return *rt;
 }
 

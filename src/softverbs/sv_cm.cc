@@ -125,20 +125,30 @@ struct Delayed {
   CmId* id;
   rdma_cm_event_type type;
 };
-std::deque<Delayed>& DelayedEvents() {
-  static auto* d = new std::deque<Delayed>();
-  return *d;
-}
+// The CM's process-wide state, started over in the child of a fork
+// (ForgetCmStateInChild, with the runtime). Never destroyed.
+struct CmGlobals {
+  std::deque<Delayed> delayed;
+  std::set<CmId*> ids;
+  std::vector<ibv_context*> device_ctxs;  // DeviceContext, by device index
+  std::vector<ibv_pd*> device_pds;        // DevicePd, likewise
+};
+std::atomic<CmGlobals*> g_cm{new CmGlobals()};
 
-std::set<CmId*>& Ids() {
-  static auto* s = new std::set<CmId*>();
-  return *s;
-}
+std::deque<Delayed>& DelayedEvents() { return g_cm.load()->delayed; }
+
+std::set<CmId*>& Ids() { return g_cm.load()->ids; }
+
+// Started over in the child of a fork, with the runtime.
+void ForgetCmStateInChild() { g_cm.store(new CmGlobals()); }
+struct RegisterForkHook {
+  RegisterForkHook() { SetForkChildHook(&ForgetCmStateInChild); }
+} g_register_fork_hook;
 
 Runtime& Rt() { return Runtime::Get(); }
 
 ibv_context* DeviceContext(Device* d) {
-  static std::vector<ibv_context*>* ctxs = new std::vector<ibv_context*>();
+  std::vector<ibv_context*>* ctxs = &g_cm.load()->device_ctxs;
   if (ctxs->size() < Rt().devices.size()) ctxs->resize(Rt().devices.size(), nullptr);
   ibv_context*& c = (*ctxs)[d->index];
   if (c == nullptr) c = ibv_open_device(&d->dev);
@@ -146,7 +156,7 @@ ibv_context* DeviceContext(Device* d) {
 }
 
 ibv_pd* DevicePd(Device* d) {
-  static std::vector<ibv_pd*>* pds = new std::vector<ibv_pd*>();
+  std::vector<ibv_pd*>* pds = &g_cm.load()->device_pds;
   if (pds->size() < Rt().devices.size()) pds->resize(Rt().devices.size(), nullptr);
   ibv_pd*& p = (*pds)[d->index];
   if (p == nullptr) p = ibv_alloc_pd(DeviceContext(d));

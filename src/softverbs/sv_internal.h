@@ -484,6 +484,10 @@ inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
 // Returns the IPv4 address a GID or LID names, relative to our device.
 bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
+// In the child of a fork, Runtime::Get starts over with a new runtime and
+// first calls `hook` (librdmacm's: its process-wide CM state, sv_cm.cc),
+// registered once.
+void SetForkChildHook(void (*hook)());
 
 }  // namespace softverbs
 

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "sv_internal.h"
@@ -734,6 +735,16 @@ int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask) {
   } else if (next == IBV_QPS_RESET) {
     qp->sq.clear();
     qp->rq.clear();
+    // Its completions still in the CQs go too (the flushes of its last
+    // error, say), as rdma-core's providers clean the CQ at reset: a QP
+    // brought back to RTS must not find them first.
+    for (Cq* cq : {qp->scq, qp->rcq == qp->scq ? nullptr : qp->rcq}) {
+      if (cq == nullptr) continue;
+      std::lock_guard<std::mutex> cg(cq->mu);
+      cq->entries.erase(std::remove_if(cq->entries.begin(), cq->entries.end(),
+                                       [&](const ibv_wc& wc) { return wc.qp_num == qp->qp.qp_num; }),
+                        cq->entries.end());
+    }
     if (qp->link != nullptr) {
       Link* l = qp->link;
       l->qp = nullptr;

@@ -108,6 +108,34 @@ int QueryDeviceExOp(ibv_context* ctx, const ibv_query_device_ex_input*,
   return 0;
 }
 
+// ibv_create_qp_ex with more than a PD: creation flags none of which is
+// set are what ibv_create_qp does; anything else (the extended post API's
+// send_ops_flags, XRC, TSO, RSS, a creation flag) is not emulated, and
+// says so as rdma-core does (EOPNOTSUPP).
+ibv_qp* CreateQpExOp(ibv_context* ctx, ibv_qp_init_attr_ex* ex) {
+  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  if (!(ex->comp_mask & IBV_QP_INIT_ATTR_PD) || ex->pd == nullptr || ex->pd->context != ctx) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((ex->comp_mask & ~kKnown) != 0 ||
+      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags != 0)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  ibv_qp_init_attr a{};
+  a.qp_context = ex->qp_context;
+  a.send_cq = ex->send_cq;
+  a.recv_cq = ex->recv_cq;
+  a.srq = ex->srq;
+  a.cap = ex->cap;
+  a.qp_type = ex->qp_type;
+  a.sq_sig_all = ex->sq_sig_all;
+  ibv_qp* qp = ibv_create_qp(ex->pd, &a);
+  if (qp != nullptr) ex->cap = a.cap;
+  return qp;
+}
+
 }  // namespace
 
 extern "C" {
@@ -160,6 +188,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = QueryPortOp;
   c->vctx.query_device_ex = QueryDeviceExOp;
+  c->vctx.create_qp_ex = CreateQpExOp;
   ibv_context& ctx = c->vctx.context;
   ctx.device = device;
   ctx.cmd_fd = -1;

@@ -4,7 +4,9 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <string>
@@ -320,6 +322,112 @@ TEST_F(VerbsTest, ErrorStateFlushesPostedReceives) {
   rx = PollN(b_.cq, 1);
   ASSERT_EQ(rx.size(), 1u);
   EXPECT_EQ(rx[0].status, IBV_WC_WR_FLUSH_ERR);
+}
+
+// Back to RESET, a QP's completions left in its CQ go (as rdma-core's
+// providers clean the CQ), and it can be brought up again: rdma-core's
+// rereg tests fail a QP, reset it, reconnect it and expect clean traffic.
+TEST_F(VerbsTest, ResetClearsTheQpsCompletionsAndItComesBack) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, i), 0);
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  ASSERT_EQ(ibv_modify_qp(b_.qp, &a, IBV_QP_STATE), 0);
+  ASSERT_EQ(ibv_modify_qp(a_.qp, &a, IBV_QP_STATE), 0);
+  a.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(b_.qp, &a, IBV_QP_STATE), 0);
+  ASSERT_EQ(ibv_modify_qp(a_.qp, &a, IBV_QP_STATE), 0);
+  EXPECT_EQ(PollN(b_.cq, 1, 100).size(), 0u) << "the three flushes were left from before";
+  ASSERT_TRUE(ConnectPair(ctx_, a_, b_, QpOptions{}, QpOptions{}));
+  memcpy(src.data.data(), "again", 5);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 7), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 5, 8), 0);
+  auto tx = PollN(a_.cq, 1);
+  ASSERT_EQ(tx.size(), 1u);
+  EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(rx[0].wr_id, 7u);
+  EXPECT_EQ(memcmp(dst.data.data(), "again", 5), 0);
+}
+
+// ibv_create_qp_ex: a PD with creation flags, none set, is a plain QP (its
+// caps reported back); what is not emulated says EOPNOTSUPP, as rdma-core
+// does, so callers take their not-supported path.
+TEST_F(VerbsTest, CreateQpExTakesEmptyCreationFlagsAndRefusesTheRest) {
+  ibv_qp_init_attr_ex ex{};
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  ex.pd = a_.pd;
+  ex.send_cq = ex.recv_cq = a_.cq;
+  ex.qp_type = IBV_QPT_RC;
+  ex.cap.max_send_wr = ex.cap.max_recv_wr = 4;
+  ex.cap.max_send_sge = ex.cap.max_recv_sge = 1;
+  ibv_qp* qp = ibv_create_qp_ex(ctx_, &ex);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  EXPECT_GE(ex.cap.max_send_wr, 4u);
+  EXPECT_EQ(qp->qp_type, IBV_QPT_RC);
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
+  ex.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ex.create_flags = 0;
+  ex.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ex.send_ops_flags = IBV_QP_EX_WITH_SEND;
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ex.comp_mask = IBV_QP_INIT_ATTR_CREATE_FLAGS;  // no PD
+  errno = 0;
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+}
+
+// A child of fork starts over: the parent's agent thread (started here by
+// the connected pair) did not come along and its epoll set is shared with
+// the parent, yet the child opens the device and moves data on a pair of
+// its own, while the parent's pair keeps working. (rdma-core's CM tests
+// fork their two players from a process that used the device before.)
+TEST_F(VerbsTest, AChildOfForkGetsARuntimeOfItsOwn) {
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 1), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 2), 0);
+  ASSERT_EQ(PollN(b_.cq, 1).size(), 1u);
+  ASSERT_EQ(PollN(a_.cq, 1).size(), 1u);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ibv_context* ctx = OpenDevice();
+    if (ctx == nullptr) _exit(10);
+    Side x = MakeSide(ctx, QpOptions{}), y = MakeSide(ctx, QpOptions{});
+    if (x.qp == nullptr || y.qp == nullptr) _exit(11);
+    if (!ConnectPair(ctx, x, y, QpOptions{}, QpOptions{})) _exit(12);
+    Buffer s = MakeBuffer(x.pd, 64, kAll), d = MakeBuffer(y.pd, 64, kAll);
+    memcpy(s.data.data(), "child", 5);
+    if (PostRecv(y.qp, d, 0, 64, 3) != 0 || PostSend(x.qp, IBV_WR_SEND, s, 0, 5, 4) != 0) _exit(13);
+    auto rx = PollN(y.cq, 1, 5000);
+    if (rx.size() != 1 || rx[0].status != IBV_WC_SUCCESS) _exit(14);
+    _exit(memcmp(d.data.data(), "child", 5) == 0 ? 0 : 15);
+  }
+  int status = 0;
+  for (int i = 0; i < 200 && waitpid(child, &status, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (waitpid(child, &status, WNOHANG) == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the child hung (the parent's runtime in a forked process)";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed in the child";
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 5), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND, src, 0, 8, 6), 0);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].status, IBV_WC_SUCCESS) << "the parent's pair after the fork";
 }
 
 TEST_F(VerbsTest, IdleQpLearnsOfAGonePeerOnItsNextSend) {
