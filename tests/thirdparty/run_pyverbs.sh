@@ -11,7 +11,9 @@
 # devices have no sysfs entry, so the suite runs in a private mount
 # namespace (unshare -m) where /sys/class is a tmpfs holding links to the
 # real classes plus that one path (mlx5_0 -> lo, 127.0.0.1): the host's
-# mounts are untouched. Needs root.
+# mounts are untouched. Needs root. Its RDMA CM tests listen on a fixed
+# port (7471 on 127.0.0.1): two runs at once collide (CTest keeps them
+# apart with a resource lock).
 set -u
 
 LAUNCHER=""
