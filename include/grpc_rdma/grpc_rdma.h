@@ -34,6 +34,7 @@
 //   args.SetString(GRPC_RDMA_ARG_FALLBACK, "none");
 //   grpc::ServerBuilder b;
 //   b.AddChannelArgument(GRPC_RDMA_ARG_ENABLED, 0);  // this server: TCP only
+//   b.AddChannelArgument(GRPC_RDMA_ARG_TCP_ONLY_PORTS, "50052");  // that port
 //
 // A bad value is logged once and the environment's setting used.
 //
@@ -46,6 +47,11 @@
 // int, milliseconds, 1 to 600000: TF_RDMA_CONNECT_TIMEOUT_MS for this
 // channel.
 #define GRPC_RDMA_ARG_CONNECT_TIMEOUT_MS "grpc.rdma.connect_timeout_ms"
+// string, comma-separated port numbers ("50052,50053"), on a server: those
+// of its listening ports serve TCP only (not RDMA CM); the others serve
+// both. Name ports the server binds by number (a port 0 asks gRPC to pick
+// one, which cannot be named in advance).
+#define GRPC_RDMA_ARG_TCP_ONLY_PORTS "grpc.rdma.tcp_only_ports"
 
 namespace grpc_rdma {
 

@@ -6,6 +6,9 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "grpc_rdma/grpc_rdma.h"
 
 namespace grpc_rdma {
@@ -54,6 +57,25 @@ ArgSettings SettingsFor(const grpc_event_engine::experimental::EndpointConfig& c
       s.connect_timeout_ms = *v;
     } else {
       SayBad(GRPC_RDMA_ARG_CONNECT_TIMEOUT_MS, std::to_string(*v), "1 to 600000");
+    }
+  }
+  if (auto v = config.GetString(GRPC_RDMA_ARG_TCP_ONLY_PORTS)) {
+    std::vector<int> ports;
+    bool ok = true;
+    for (absl::string_view item : absl::StrSplit(*v, ',')) {
+      int port = 0;
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(item), &port) || port < 1 ||
+          port > 65535) {
+        ok = false;
+        break;
+      }
+      ports.push_back(port);
+    }
+    if (ok) {
+      s.tcp_only_ports = std::move(ports);
+    } else {
+      SayBad(GRPC_RDMA_ARG_TCP_ONLY_PORTS, std::string(*v),
+             "port numbers from 1 to 65535, separated by commas");
     }
   }
   return s;

@@ -9,6 +9,8 @@
 
 #include <grpc/event_engine/endpoint_config.h>
 
+#include <vector>
+
 #include "grpc_rdma/options.h"
 
 namespace grpc_rdma {
@@ -17,6 +19,7 @@ struct ArgSettings {
   bool enabled = true;          // false: TCP only, as if RDMA were not there
   Fallback fallback = Fallback::kTcp;
   int connect_timeout_ms = 1000;
+  std::vector<int> tcp_only_ports;  // a server's listening ports that serve TCP only
 };
 
 ArgSettings SettingsFor(const grpc_event_engine::experimental::EndpointConfig& config,

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <grpc/support/alloc.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -45,6 +46,7 @@ struct Server {
   std::vector<sockaddr_in> rdma_listeners;
   unsigned ports_added = 0;
   bool rdma = true;  // GRPC_RDMA_ARG_ENABLED=0: TCP only
+  std::vector<int> tcp_only_ports;  // GRPC_RDMA_ARG_TCP_ONLY_PORTS
 };
 
 grpc_tcp_server_vtable* Tcp() { return Runtime::Get()->tcp_server(); }
@@ -152,7 +154,9 @@ grpc_error_handle Create(grpc_closure* shutdown_complete,
                          grpc_tcp_server** server) {
   auto* s = new Server;
   s->shutdown_complete = shutdown_complete;
-  s->rdma = SettingsFor(config, Runtime::Get()->options()).enabled;
+  ArgSettings settings = SettingsFor(config, Runtime::Get()->options());
+  s->rdma = settings.enabled;
+  s->tcp_only_ports = std::move(settings.tcp_only_ports);
   GRPC_CLOSURE_INIT(&s->on_tcp_destroyed, OnTcpDestroyed, s, nullptr);
   grpc_error_handle err = Tcp()->create(&s->on_tcp_destroyed, config, &s->tcp);
   if (!err.ok()) {
@@ -206,6 +210,12 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
   sin.sin_port = htons(static_cast<uint16_t>(*out_port));
   if (!s->rdma) {
     GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_ENABLED "=0)", *out_port);
+    return err;
+  }
+  if (std::find(s->tcp_only_ports.begin(), s->tcp_only_ports.end(), *out_port) !=
+      s->tcp_only_ports.end()) {
+    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_TCP_ONLY_PORTS ")",
+                    *out_port);
     return err;
   }
   Engine* engine = Runtime::Get()->engine();

@@ -3,7 +3,11 @@
 // compiled with no reference to grpc-rdma; CTest runs it twice, once with
 // the library preloaded and once linked (tests/grpc/CMakeLists.txt). Every
 // test reads the library's counters to prove which transport carried it.
+#include <arpa/inet.h>
 #include <grpc/support/log.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -346,6 +350,53 @@ TEST_F(E2eTest, AServerArgumentMakesItListenOnTcpOnly) {
   server->Shutdown(Clock::now());
 }
 
+// A TCP port free now (bound, then closed): for a server that must name
+// its ports in advance.
+int FreeTcpPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+// grpc.rdma.tcp_only_ports: one server, two ports, one of them TCP only.
+TEST_F(E2eTest, AServerArgumentMakesOneOfItsPortsTcpOnly) {
+  int tcp_only = FreeTcpPort(), both = FreeTcpPort();
+  ASSERT_TRUE(tcp_only != 0 && both != 0 && tcp_only != both);
+  EchoService service;
+  int p1 = 0, p2 = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:" + std::to_string(tcp_only), grpc::InsecureServerCredentials(),
+                     &p1);
+  b.AddListeningPort("127.0.0.1:" + std::to_string(both), grpc::InsecureServerCredentials(),
+                     &p2);
+  b.RegisterService(&service);
+  b.AddChannelArgument("grpc.rdma.tcp_only_ports", " 1, " + std::to_string(tcp_only));
+  auto server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  ASSERT_EQ(p1, tcp_only);
+  grpc::ChannelArguments none = BigMessageArgs();
+  none.SetString("grpc.rdma.fallback", "none");
+  grpc::Status s = CallOnce("127.0.0.1:" + std::to_string(tcp_only), none);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << "no RDMA CM listener there";
+  s = CallOnce("127.0.0.1:" + std::to_string(tcp_only), BigMessageArgs());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GE(Delta("tcp_server_connections"), 1);
+  EXPECT_EQ(Delta("rdma_server_connections"), 0);
+  before_ = RdmaStats();
+  s = CallOnce("127.0.0.1:" + std::to_string(both), none);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_GE(Delta("rdma_server_connections"), 1) << "the other port serves RDMA";
+  server->Shutdown(Clock::now());
+}
+
 std::vector<std::string>* g_log_lines = nullptr;
 std::mutex g_log_mu;
 
@@ -362,19 +413,22 @@ TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
   grpc::ChannelArguments bad = BigMessageArgs();
   bad.SetString("grpc.rdma.fallback", "sometimes");
   bad.SetInt("grpc.rdma.connect_timeout_ms", 0);
+  bad.SetString("grpc.rdma.tcp_only_ports", "80,http");
   grpc::Status s = CallOnce("127.0.0.1:" + std::to_string(port_), bad);
   gpr_set_log_function(nullptr);
   std::lock_guard<std::mutex> l(g_log_mu);
   g_log_lines = nullptr;
   ASSERT_TRUE(s.ok()) << s.error_message();
   ExpectRdma(1, 20000);
-  bool fallback = false, timeout = false;
+  bool fallback = false, timeout = false, ports = false;
   for (const std::string& line : lines) {
     fallback |= line.find("grpc.rdma.fallback=sometimes is not valid (allowed: tcp or none)") !=
                 std::string::npos;
     timeout |= line.find("grpc.rdma.connect_timeout_ms=0 is not valid") != std::string::npos;
+    ports |= line.find("grpc.rdma.tcp_only_ports=80,http is not valid (allowed: port numbers "
+                       "from 1 to 65535, separated by commas)") != std::string::npos;
   }
-  EXPECT_TRUE(fallback && timeout) << lines.size() << " lines logged";
+  EXPECT_TRUE(fallback && timeout && ports) << lines.size() << " lines logged";
 }
 
 TEST_F(E2eTest, ServerShutdownMidStream) {
