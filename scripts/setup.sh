@@ -55,6 +55,8 @@ packages=(
   python3-pyverbs
   # tests and benchmarks
   googletest libgtest-dev libgmock-dev libbenchmark-dev
+  # fuzzers (tests/fuzz): clang and its libFuzzer runtime
+  clang libclang-rt-14-dev
   # scripts: network namespaces, process tools, plots, test certificates
   iproute2 procps python3 python3-matplotlib openssl
 )

@@ -26,7 +26,9 @@ bool ParseSize(const std::string& text, uint64_t* out) {
   while (i < s.size() && isdigit(static_cast<unsigned char>(s[i]))) ++i;
   if (i == 0 || i > 19) return false;
   uint64_t value = std::strtoull(s.substr(0, i).c_str(), nullptr, 10);
-  std::string unit = absl::AsciiStrToLower(s.substr(i));
+  // "4 MiB", as FormatBytes prints sizes (and the messages suggest them),
+  // as well as "4MiB" and "4M".
+  std::string unit = absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(s.substr(i)));
   uint64_t mult = 1;
   if (unit.empty() || unit == "b") mult = 1;
   else if (unit == "k" || unit == "kb" || unit == "kib") mult = kKiB;

@@ -36,6 +36,21 @@ TEST(Options, DefaultsAreRdmaTensorFlows) {
   EXPECT_EQ(o->stats_interval_s, 0);
 }
 
+// Every size the library prints (FormatBytes: "4 MiB", as its messages
+// suggest values) reads back; tests/fuzz/size_fuzz found "4 MiB" refused.
+TEST(Options, PrintedSizesReadBack) {
+  for (uint64_t n : {uint64_t{32} << 20, uint64_t{1} << 40, uint64_t{18} << 20,
+                     (uint64_t{17} << 20) + (uint64_t{128} << 10), uint64_t{123456789}}) {
+    auto o = ParseOptions(Env({{"TF_RDMA_BUF_SIZE", FormatBytes(n)}}));
+    ASSERT_TRUE(o.ok()) << FormatBytes(n) << ": " << o.status();
+    EXPECT_EQ(o->buf_size, n) << FormatBytes(n);
+  }
+  auto o = ParseOptions(Env({{"TF_RDMA_CHUNK_SIZE", " 4 MiB "}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->chunk_size, 4u << 20);
+  EXPECT_NE(Error({{"TF_RDMA_CHUNK_SIZE", "4 M iB"}}), "");
+}
+
 TEST(Options, RoceSettings) {
   auto o = ParseOptions(Env({}));
   ASSERT_TRUE(o.ok()) << o.status();
