@@ -878,14 +878,7 @@ int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
 }
 
 int rdma_create_qp_ex(rdma_cm_id* cid, ibv_qp_init_attr_ex* ex) {
-  ibv_qp_init_attr a{};
-  a.qp_context = ex->qp_context;
-  a.send_cq = ex->send_cq;
-  a.recv_cq = ex->recv_cq;
-  a.srq = ex->srq;
-  a.cap = ex->cap;
-  a.qp_type = ex->qp_type;
-  a.sq_sig_all = ex->sq_sig_all;
+  ibv_qp_init_attr a = PlainQpAttr(*ex);
   ibv_pd* pd = (ex->comp_mask & IBV_QP_INIT_ATTR_PD) ? ex->pd : nullptr;
   int r = rdma_create_qp(cid, pd, &a);
   if (r == 0) ex->cap = a.cap;

@@ -484,6 +484,19 @@ inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
 // Returns the IPv4 address a GID or LID names, relative to our device.
 bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
+// The fields of an extended QP creation that a plain one has.
+inline ibv_qp_init_attr PlainQpAttr(const ibv_qp_init_attr_ex& ex) {
+  ibv_qp_init_attr a{};
+  a.qp_context = ex.qp_context;
+  a.send_cq = ex.send_cq;
+  a.recv_cq = ex.recv_cq;
+  a.srq = ex.srq;
+  a.cap = ex.cap;
+  a.qp_type = ex.qp_type;
+  a.sq_sig_all = ex.sq_sig_all;
+  return a;
+}
+
 // In the child of a fork, Runtime::Get starts over with a new runtime and
 // first calls `hook` (librdmacm's: its process-wide CM state, sv_cm.cc),
 // registered once.

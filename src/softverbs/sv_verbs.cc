@@ -123,14 +123,7 @@ ibv_qp* CreateQpExOp(ibv_context* ctx, ibv_qp_init_attr_ex* ex) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
-  ibv_qp_init_attr a{};
-  a.qp_context = ex->qp_context;
-  a.send_cq = ex->send_cq;
-  a.recv_cq = ex->recv_cq;
-  a.srq = ex->srq;
-  a.cap = ex->cap;
-  a.qp_type = ex->qp_type;
-  a.sq_sig_all = ex->sq_sig_all;
+  ibv_qp_init_attr a = PlainQpAttr(*ex);
   ibv_qp* qp = ibv_create_qp(ex->pd, &a);
   if (qp != nullptr) ex->cap = a.cap;
   return qp;
