@@ -300,6 +300,81 @@ ibv_cq* DriveDelegated(CompChannel* ch, bool direct) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------- extended CQ ---
+
+namespace {
+
+Cq* OfEx(ibv_cq_ex* c) { return reinterpret_cast<Cq*>(c); }
+
+// One completion into `current` (the read_* functions read it).
+int NextPoll(ibv_cq_ex* c) {
+  Cq* cq = OfEx(c);
+  int n = PollCq(&cq->cq, 1, &cq->current);
+  if (n < 0) return EINVAL;
+  if (n == 0) return ENOENT;
+  c->status = cq->current.status;
+  c->wr_id = cq->current.wr_id;
+  return 0;
+}
+int StartPoll(ibv_cq_ex* c, ibv_poll_cq_attr* attr) {
+  if (attr == nullptr || attr->comp_mask != 0) return EINVAL;
+  return NextPoll(c);
+}
+void EndPoll(ibv_cq_ex*) {}
+ibv_wc_opcode ReadOpcode(ibv_cq_ex* c) { return OfEx(c)->current.opcode; }
+uint32_t ReadVendorErr(ibv_cq_ex* c) { return OfEx(c)->current.vendor_err; }
+uint32_t ReadByteLen(ibv_cq_ex* c) { return OfEx(c)->current.byte_len; }
+__be32 ReadImmData(ibv_cq_ex* c) { return OfEx(c)->current.imm_data; }
+uint32_t ReadQpNum(ibv_cq_ex* c) { return OfEx(c)->current.qp_num; }
+uint32_t ReadSrcQp(ibv_cq_ex* c) { return OfEx(c)->current.src_qp; }
+unsigned int ReadWcFlags(ibv_cq_ex* c) { return OfEx(c)->current.wc_flags; }
+uint32_t ReadSlid(ibv_cq_ex* c) { return OfEx(c)->current.slid; }
+uint8_t ReadSl(ibv_cq_ex* c) { return OfEx(c)->current.sl; }
+uint8_t ReadDlidPathBits(ibv_cq_ex* c) { return OfEx(c)->current.dlid_path_bits; }
+
+}  // namespace
+
+// ibv_create_cq_ex: the fields an ibv_wc has (IBV_WC_STANDARD_FLAGS);
+// timestamps, VLAN, flow tags, tag matching and parent domains are not
+// emulated and say so as rdma-core does (EOPNOTSUPP).
+ibv_cq_ex* CreateCqExOp(ibv_context* ctx, ibv_cq_init_attr_ex* a) {
+  constexpr uint32_t kMasks = IBV_CQ_INIT_ATTR_MASK_FLAGS | IBV_CQ_INIT_ATTR_MASK_PD;
+  if (a == nullptr || (a->comp_mask & ~kMasks) != 0) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  if ((a->wc_flags & ~static_cast<uint64_t>(IBV_WC_STANDARD_FLAGS)) != 0 ||
+      (a->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) ||
+      ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) &&
+       (a->flags & ~static_cast<uint32_t>(IBV_CREATE_CQ_ATTR_SINGLE_THREADED)) != 0)) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (a->cqe > static_cast<uint32_t>(INT32_MAX) || a->comp_vector > INT32_MAX) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  ibv_cq* plain = ibv_create_cq(ctx, static_cast<int>(a->cqe), a->cq_context, a->channel,
+                                static_cast<int>(a->comp_vector));
+  if (plain == nullptr) return nullptr;
+  ibv_cq_ex* c = &ToCq(plain)->cqx;
+  c->start_poll = StartPoll;
+  c->next_poll = NextPoll;
+  c->end_poll = EndPoll;
+  c->read_opcode = ReadOpcode;
+  c->read_vendor_err = ReadVendorErr;
+  c->read_byte_len = ReadByteLen;
+  c->read_imm_data = ReadImmData;
+  c->read_qp_num = ReadQpNum;
+  c->read_src_qp = ReadSrcQp;
+  c->read_wc_flags = ReadWcFlags;
+  c->read_slid = ReadSlid;
+  c->read_sl = ReadSl;
+  c->read_dlid_path_bits = ReadDlidPathBits;
+  return c;
+}
+
 }  // namespace softverbs
 
 using namespace softverbs;

@@ -128,7 +128,13 @@ struct CompChannel {
 };
 
 struct Cq {
-  ibv_cq cq;
+  // An ibv_cq_ex begins as an ibv_cq does (ibv_cq_ex_to_cq is a cast):
+  // every CQ is both; ibv_create_cq_ex fills in the poll functions.
+  union {
+    ibv_cq cq;
+    ibv_cq_ex cqx;
+  };
+  ibv_wc current{};  // the extended poll's completion, start_poll to next_poll
   std::mutex mu;
   std::deque<ibv_wc> entries;  // guarded by mu
   bool armed = false;          // guarded by mu

@@ -22,6 +22,7 @@ namespace softverbs {
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
 int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
+ibv_cq_ex* CreateCqExOp(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
 int ReqNotifyCq(ibv_cq* cq, int solicited_only);
 int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask);
 }  // namespace softverbs
@@ -182,6 +183,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   c->vctx.query_port = QueryPortOp;
   c->vctx.query_device_ex = QueryDeviceExOp;
   c->vctx.create_qp_ex = CreateQpExOp;
+  c->vctx.create_cq_ex = CreateCqExOp;
   ibv_context& ctx = c->vctx.context;
   ctx.device = device;
   ctx.cmd_fd = -1;

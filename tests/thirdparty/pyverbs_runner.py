@@ -64,6 +64,7 @@ MUST_PASS = [
     "tests.test_device.DeviceTest.test_query_device",
     "tests.test_cq.CQAPITest.test_create_cq",
     "tests.test_cq_events.CqEventsTestCase.test_cq_events_rc",
+    "tests.test_cqex.CqExTestCase.test_rc_traffic_cq_ex",
     "tests.test_mr.MRTest.test_mr_rereg_pd",
     "tests.test_mr.MRTest.test_mr_rereg_addr",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_rc_traffic",

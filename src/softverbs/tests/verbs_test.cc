@@ -1,5 +1,6 @@
 // softverbs through the public libibverbs API: data movement, every error
 // completion a real HCA gives, the QP state machine and completion channels.
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -383,6 +384,69 @@ TEST_F(VerbsTest, CreateQpExTakesEmptyCreationFlagsAndRefusesTheRest) {
   errno = 0;
   EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
   EXPECT_EQ(errno, EINVAL);
+}
+
+// ibv_create_cq_ex with the standard fields, polled with start/next/end
+// and the read_* functions (as UCX and rdma-core's tests do); fields that
+// are not emulated (timestamps), a parent domain, creation flags other
+// than single-threaded: EOPNOTSUPP.
+TEST_F(VerbsTest, AnExtendedCqIsPolledWithItsOwnApi) {
+  ibv_cq_init_attr_ex ca{};
+  ca.cqe = 64;
+  ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM;
+  ca.comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS;
+  ca.flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED;
+  ibv_cq_ex* cqx = ibv_create_cq_ex(ctx_, &ca);
+  ASSERT_NE(cqx, nullptr) << strerror(errno);
+  // b_ again, its QP on the extended CQ, and the pair connected anew.
+  ASSERT_EQ(ibv_destroy_qp(b_.qp), 0);
+  ASSERT_EQ(ibv_destroy_cq(b_.cq), 0);
+  b_.cq = ibv_cq_ex_to_cq(cqx);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = b_.cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  b_.qp = ibv_create_qp(b_.pd, &qa);
+  ASSERT_NE(b_.qp, nullptr);
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(a_.qp, &reset, IBV_QP_STATE), 0);
+  ASSERT_TRUE(ConnectPair(ctx_, a_, b_, QpOptions{}, QpOptions{}));
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 64, 41), 0);
+  ASSERT_EQ(PostSend(a_.qp, IBV_WR_SEND_WITH_IMM, src, 0, 24, 42, IBV_SEND_SIGNALED, 0, 0,
+                     0xfeed),
+            0);
+  ibv_poll_cq_attr pa{};
+  int r = ENOENT;
+  for (int i = 0; i < 10000 && r == ENOENT; ++i) {
+    r = ibv_start_poll(cqx, &pa);
+    if (r == ENOENT) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  ASSERT_EQ(r, 0) << "no completion";
+  EXPECT_EQ(cqx->status, IBV_WC_SUCCESS);
+  EXPECT_EQ(cqx->wr_id, 41u);
+  EXPECT_EQ(ibv_wc_read_opcode(cqx), IBV_WC_RECV);
+  EXPECT_EQ(ibv_wc_read_byte_len(cqx), 24u);
+  EXPECT_EQ(ntohl(ibv_wc_read_imm_data(cqx)), 0xfeedu);
+  EXPECT_EQ(ibv_wc_read_qp_num(cqx), b_.qp->qp_num);
+  EXPECT_NE(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM, 0u);
+  EXPECT_EQ(ibv_next_poll(cqx), ENOENT);
+  ibv_end_poll(cqx);
+  pa.comp_mask = 1;
+  EXPECT_EQ(ibv_start_poll(cqx, &pa), EINVAL);
+
+  ca.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &ca), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN;
+  ca.flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN;
+  errno = 0;
+  EXPECT_EQ(ibv_create_cq_ex(ctx_, &ca), nullptr);
+  EXPECT_EQ(errno, EOPNOTSUPP);
 }
 
 // A child of fork starts over: the parent's agent thread (started here by
