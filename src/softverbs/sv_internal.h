@@ -272,8 +272,24 @@ struct Link {
   bool agent_masked = false;
 };
 
+// A work request built with the extended post API (ibv_wr_*), between
+// ibv_wr_start and ibv_wr_complete.
+struct PendingWr {
+  ibv_send_wr wr{};
+  std::vector<ibv_sge> sge;
+  std::string inline_data;  // ibv_wr_set_inline_data*: posted as one SGE over it
+};
+
 struct Qp {
-  ibv_qp qp;  // first: handed out as ibv_qp*
+  // First: handed out as ibv_qp*, and as ibv_qp_ex* (which begins with an
+  // ibv_qp) when made with send_ops_flags.
+  union {
+    ibv_qp qp;
+    ibv_qp_ex qpx;
+  };
+  bool ex = false;  // made with send_ops_flags: ibv_qp_to_qp_ex answers
+  std::vector<PendingWr> batch;  // the extended post API's WRs, in order
+  int batch_error = 0;           // a wr_set_* without a WR before it, ...
   Context* ctx = nullptr;
   Device* device = nullptr;
   Pd* pd = nullptr;
@@ -484,6 +500,12 @@ inline Context* ToCtx(ibv_context* c) {
                                     offsetof(verbs_context, context));
 }
 inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
+// sv_qp.cc: the extended post API (send, send with immediate, RDMA write
+// with and without immediate, RDMA read) on an RC QP.
+constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                                  IBV_QP_EX_WITH_RDMA_WRITE |
+                                  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
+void EnableQpEx(Qp* qp);
 inline Cq* ToCq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }

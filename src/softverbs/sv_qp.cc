@@ -635,6 +635,134 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   return 0;
 }
 
+// ------------------------------------------------- extended post API ---
+
+namespace {
+
+Qp* OfQpEx(ibv_qp_ex* q) { return reinterpret_cast<Qp*>(q); }
+
+ibv_send_wr* NewWr(ibv_qp_ex* q, ibv_wr_opcode op) {
+  Qp* qp = OfQpEx(q);
+  qp->batch.emplace_back();
+  ibv_send_wr* w = &qp->batch.back().wr;
+  w->wr_id = q->wr_id;
+  w->send_flags = q->wr_flags;
+  w->opcode = op;
+  return w;
+}
+// The WR the last ibv_wr_* opened, or none (an error at wr_complete).
+PendingWr* Last(ibv_qp_ex* q) {
+  Qp* qp = OfQpEx(q);
+  if (qp->batch.empty()) {
+    qp->batch_error = EINVAL;
+    return nullptr;
+  }
+  return &qp->batch.back();
+}
+
+void WrStart(ibv_qp_ex* q) {
+  OfQpEx(q)->batch.clear();
+  OfQpEx(q)->batch_error = 0;
+}
+void WrSend(ibv_qp_ex* q) { NewWr(q, IBV_WR_SEND); }
+void WrSendImm(ibv_qp_ex* q, __be32 imm) { NewWr(q, IBV_WR_SEND_WITH_IMM)->imm_data = imm; }
+void WrRdma(ibv_qp_ex* q, ibv_wr_opcode op, uint32_t rkey, uint64_t addr, __be32 imm) {
+  ibv_send_wr* w = NewWr(q, op);
+  w->wr.rdma.rkey = rkey;
+  w->wr.rdma.remote_addr = addr;
+  w->imm_data = imm;
+}
+void WrRdmaWrite(ibv_qp_ex* q, uint32_t rkey, uint64_t addr) {
+  WrRdma(q, IBV_WR_RDMA_WRITE, rkey, addr, 0);
+}
+void WrRdmaWriteImm(ibv_qp_ex* q, uint32_t rkey, uint64_t addr, __be32 imm) {
+  WrRdma(q, IBV_WR_RDMA_WRITE_WITH_IMM, rkey, addr, imm);
+}
+void WrRdmaRead(ibv_qp_ex* q, uint32_t rkey, uint64_t addr) {
+  WrRdma(q, IBV_WR_RDMA_READ, rkey, addr, 0);
+}
+void WrSetSge(ibv_qp_ex* q, uint32_t lkey, uint64_t addr, uint32_t length) {
+  if (PendingWr* p = Last(q)) p->sge.assign(1, ibv_sge{addr, length, lkey});
+}
+void WrSetSgeList(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
+  if (PendingWr* p = Last(q)) p->sge.assign(list, list + n);
+}
+void WrSetInlineData(ibv_qp_ex* q, void* addr, size_t length) {
+  if (PendingWr* p = Last(q)) {
+    p->inline_data.assign(static_cast<const char*>(addr), length);
+    p->wr.send_flags |= IBV_SEND_INLINE;
+  }
+}
+void WrSetInlineDataList(ibv_qp_ex* q, size_t n, const ibv_data_buf* list) {
+  if (PendingWr* p = Last(q)) {
+    p->inline_data.clear();
+    for (size_t i = 0; i < n; ++i)
+      p->inline_data.append(static_cast<const char*>(list[i].addr), list[i].length);
+    p->wr.send_flags |= IBV_SEND_INLINE;
+  }
+}
+// What a QP made without them is asked for (atomics, memory windows, UD
+// addressing, ...): refused at wr_complete.
+void Unsupported(ibv_qp_ex* q) { OfQpEx(q)->batch_error = EOPNOTSUPP; }
+
+int WrComplete(ibv_qp_ex* q) {
+  Qp* qp = OfQpEx(q);
+  std::vector<PendingWr> batch;
+  batch.swap(qp->batch);
+  int err = qp->batch_error;
+  qp->batch_error = 0;
+  if (err != 0) return err;
+  if (batch.empty()) return 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    PendingWr& p = batch[i];
+    if (p.wr.send_flags & IBV_SEND_INLINE) {
+      p.sge.assign(1, ibv_sge{reinterpret_cast<uint64_t>(p.inline_data.data()),
+                              static_cast<uint32_t>(p.inline_data.size()), 0});
+    }
+    p.wr.sg_list = p.sge.data();
+    p.wr.num_sge = static_cast<int>(p.sge.size());
+    p.wr.next = i + 1 < batch.size() ? &batch[i + 1].wr : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  return PostSend(&qp->qp, &batch[0].wr, &bad);
+}
+void WrAbort(ibv_qp_ex* q) {
+  OfQpEx(q)->batch.clear();
+  OfQpEx(q)->batch_error = 0;
+}
+
+}  // namespace
+
+void EnableQpEx(Qp* qp) {
+  ibv_qp_ex& x = qp->qpx;
+  qp->ex = true;
+  x.wr_start = WrStart;
+  x.wr_complete = WrComplete;
+  x.wr_abort = WrAbort;
+  x.wr_send = WrSend;
+  x.wr_send_imm = WrSendImm;
+  x.wr_rdma_write = WrRdmaWrite;
+  x.wr_rdma_write_imm = WrRdmaWriteImm;
+  x.wr_rdma_read = WrRdmaRead;
+  x.wr_set_sge = WrSetSge;
+  x.wr_set_sge_list = WrSetSgeList;
+  x.wr_set_inline_data = WrSetInlineData;
+  x.wr_set_inline_data_list = WrSetInlineDataList;
+  x.wr_atomic_cmp_swp = [](ibv_qp_ex* q, uint32_t, uint64_t, uint64_t, uint64_t) {
+    Unsupported(q);
+  };
+  x.wr_atomic_fetch_add = [](ibv_qp_ex* q, uint32_t, uint64_t, uint64_t) { Unsupported(q); };
+  x.wr_bind_mw = [](ibv_qp_ex* q, ibv_mw*, uint32_t, const ibv_mw_bind_info*) {
+    Unsupported(q);
+  };
+  x.wr_local_inv = [](ibv_qp_ex* q, uint32_t) { Unsupported(q); };
+  x.wr_send_inv = [](ibv_qp_ex* q, uint32_t) { Unsupported(q); };
+  x.wr_send_tso = [](ibv_qp_ex* q, void*, uint16_t, uint16_t) { Unsupported(q); };
+  x.wr_set_ud_addr = [](ibv_qp_ex* q, ibv_ah*, uint32_t, uint32_t) { Unsupported(q); };
+  x.wr_set_xrc_srqn = [](ibv_qp_ex* q, uint32_t) { Unsupported(q); };
+  x.wr_atomic_write = [](ibv_qp_ex* q, uint32_t, uint64_t, const void*) { Unsupported(q); };
+}
+
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
   Qp* qp = ToQp(ibqp);
   std::lock_guard<std::mutex> g(Rt().mu);

@@ -110,23 +110,29 @@ int QueryDeviceExOp(ibv_context* ctx, const ibv_query_device_ex_input*,
 }
 
 // ibv_create_qp_ex with more than a PD: creation flags none of which is
-// set are what ibv_create_qp does; anything else (the extended post API's
-// send_ops_flags, XRC, TSO, RSS, a creation flag) is not emulated, and
-// says so as rdma-core does (EOPNOTSUPP).
+// set are what ibv_create_qp does; send_ops_flags for sends, RDMA writes
+// and reads on an RC QP give it the extended post API (sv_qp.cc); anything
+// else (atomics, memory windows, XRC, TSO, RSS, a creation flag) is not
+// emulated, and says so as rdma-core does (EOPNOTSUPP).
 ibv_qp* CreateQpExOp(ibv_context* ctx, ibv_qp_init_attr_ex* ex) {
-  constexpr uint32_t kKnown = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+  constexpr uint32_t kKnown =
+      IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
   if (!(ex->comp_mask & IBV_QP_INIT_ATTR_PD) || ex->pd == nullptr || ex->pd->context != ctx) {
     errno = EINVAL;
     return nullptr;
   }
   if ((ex->comp_mask & ~kKnown) != 0 ||
-      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags != 0)) {
+      ((ex->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ex->create_flags != 0) ||
+      ((ex->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) &&
+       ((ex->send_ops_flags & ~kQpExSendOps) != 0 || ex->qp_type != IBV_QPT_RC))) {
     errno = EOPNOTSUPP;
     return nullptr;
   }
   ibv_qp_init_attr a = PlainQpAttr(*ex);
   ibv_qp* qp = ibv_create_qp(ex->pd, &a);
-  if (qp != nullptr) ex->cap = a.cap;
+  if (qp == nullptr) return nullptr;
+  ex->cap = a.cap;
+  if (ex->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) EnableQpEx(ToQp(qp));
   return qp;
 }
 
@@ -186,7 +192,9 @@ ibv_context* ibv_open_device(ibv_device* device) {
   c->vctx.create_cq_ex = CreateCqExOp;
   ibv_context& ctx = c->vctx.context;
   ctx.device = device;
-  ctx.cmd_fd = -1;
+  // A descriptor, as the uverbs device's is on hardware (programs dup it to
+  // share the context: ibv_import_device, which says EOPNOTSUPP here).
+  ctx.cmd_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
   ctx.async_fd = c->async_pipe[0];
   ctx.num_comp_vectors = 1;
   pthread_mutex_init(&ctx.mutex, nullptr);
@@ -203,6 +211,7 @@ int ibv_close_device(ibv_context* context) {
   Context* c = ToCtx(context);
   close(c->async_pipe[0]);
   close(c->async_pipe[1]);
+  if (context->cmd_fd >= 0) close(context->cmd_fd);
   pthread_mutex_destroy(&context->mutex);
   delete c;
   return 0;
@@ -541,9 +550,11 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
 
 int ibv_query_qp_data_in_order(ibv_qp*, ibv_wr_opcode, uint32_t) { return 1; }
 
-ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp*) {
-  errno = EOPNOTSUPP;
-  return nullptr;
+// The extended post API of a QP made with send_ops_flags (ibv_create_qp_ex),
+// NULL for any other, as libibverbs does.
+ibv_qp_ex* ibv_qp_to_qp_ex(ibv_qp* qp) {
+  if (qp == nullptr || !ToQp(qp)->ex) return nullptr;
+  return &ToQp(qp)->qpx;
 }
 
 int ibv_query_ece(ibv_qp*, ibv_ece*) { return EOPNOTSUPP; }

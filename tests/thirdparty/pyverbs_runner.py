@@ -46,6 +46,7 @@ SKIPS_ALLOWED = [
     r"Atomic operations are not supported",
     r"Parent Domain is not supported on this device",
     r"Query device real time is not supported",
+    r"Importing a device is not supported",
     r"Multicast is not supported on this device",
     r"All gid indices populated, cannot check bad flow",
     # RoCE-only and root-on-Ethernet tests: softverbs ports are InfiniBand.
@@ -65,6 +66,9 @@ MUST_PASS = [
     "tests.test_cq.CQAPITest.test_create_cq",
     "tests.test_cq_events.CqEventsTestCase.test_cq_events_rc",
     "tests.test_cqex.CqExTestCase.test_rc_traffic_cq_ex",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_send_imm",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_write_imm",
+    "tests.test_qpex.QpExTestCase.test_qp_ex_rc_rdma_read",
     "tests.test_mr.MRTest.test_mr_rereg_pd",
     "tests.test_mr.MRTest.test_mr_rereg_addr",
     "tests.test_relaxed_ordering.RoTestCase.test_ro_rc_traffic",

@@ -376,10 +376,16 @@ TEST_F(VerbsTest, CreateQpExTakesEmptyCreationFlagsAndRefusesTheRest) {
   EXPECT_EQ(errno, EOPNOTSUPP);
   ex.create_flags = 0;
   ex.comp_mask |= IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-  ex.send_ops_flags = IBV_QP_EX_WITH_SEND;
+  ex.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
   errno = 0;
-  EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
+  EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr) << "atomics are not emulated";
   EXPECT_EQ(errno, EOPNOTSUPP);
+  ex.send_ops_flags = IBV_QP_EX_WITH_SEND;
+  qp = ibv_create_qp_ex(ctx_, &ex);
+  ASSERT_NE(qp, nullptr) << strerror(errno);
+  EXPECT_NE(ibv_qp_to_qp_ex(qp), nullptr);
+  EXPECT_EQ(ibv_qp_to_qp_ex(a_.qp), nullptr) << "made without send_ops_flags";
+  EXPECT_EQ(ibv_destroy_qp(qp), 0);
   ex.comp_mask = IBV_QP_INIT_ATTR_CREATE_FLAGS;  // no PD
   errno = 0;
   EXPECT_EQ(ibv_create_qp_ex(ctx_, &ex), nullptr);
@@ -447,6 +453,76 @@ TEST_F(VerbsTest, AnExtendedCqIsPolledWithItsOwnApi) {
   errno = 0;
   EXPECT_EQ(ibv_create_cq_ex(ctx_, &ca), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
+// The extended post API (ibv_wr_*) on an RC QP: a batch of a send, an
+// RDMA write of inline data and an RDMA read goes out in order with one
+// ibv_wr_complete; a set without a WR fails the batch (EINVAL), an abort
+// posts nothing.
+TEST_F(VerbsTest, TheExtendedPostApiPostsABatch) {
+  ibv_qp_init_attr_ex ex{};
+  ex.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  ex.pd = a_.pd;
+  ex.send_cq = ex.recv_cq = a_.cq;
+  ex.qp_type = IBV_QPT_RC;
+  ex.cap.max_send_wr = ex.cap.max_recv_wr = 16;
+  ex.cap.max_send_sge = ex.cap.max_recv_sge = 1;
+  ex.cap.max_inline_data = 64;
+  ex.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ;
+  ASSERT_EQ(ibv_destroy_qp(a_.qp), 0);
+  a_.qp = ibv_create_qp_ex(ctx_, &ex);
+  ASSERT_NE(a_.qp, nullptr) << strerror(errno);
+  ibv_qp_attr reset{};
+  reset.qp_state = IBV_QPS_RESET;
+  ASSERT_EQ(ibv_modify_qp(b_.qp, &reset, IBV_QP_STATE), 0);
+  ASSERT_TRUE(ConnectPair(ctx_, a_, b_, QpOptions{}, QpOptions{}));
+  ibv_qp_ex* qx = ibv_qp_to_qp_ex(a_.qp);
+  ASSERT_NE(qx, nullptr);
+  Buffer& src = Buf(a_.pd, 64);
+  Buffer& back = Buf(a_.pd, 64);
+  Buffer& dst = Buf(b_.pd, 64);
+  memcpy(src.data.data(), "sent", 4);
+  memcpy(dst.data.data() + 32, "read me", 7);
+  ASSERT_EQ(PostRecv(b_.qp, dst, 0, 16, 100), 0);
+
+  ibv_wr_start(qx);
+  ibv_wr_set_sge(qx, src.mr->lkey, src.addr(), 4);  // before any WR
+  ibv_wr_send(qx);
+  EXPECT_EQ(ibv_wr_complete(qx), EINVAL);
+  ibv_wr_start(qx);
+  ibv_wr_send(qx);
+  ibv_wr_set_sge(qx, src.mr->lkey, src.addr(), 4);
+  ibv_wr_abort(qx);
+  EXPECT_EQ(PollN(a_.cq, 1, 100).size(), 0u) << "an aborted batch posts nothing";
+
+  ibv_wr_start(qx);
+  qx->wr_id = 1;
+  qx->wr_flags = IBV_SEND_SIGNALED;
+  ibv_wr_send(qx);
+  ibv_wr_set_sge(qx, src.mr->lkey, src.addr(), 4);
+  qx->wr_id = 2;
+  ibv_wr_rdma_write(qx, dst.mr->rkey, dst.addr() + 16);
+  char text[] = "written inline";
+  ibv_wr_set_inline_data(qx, text, sizeof(text) - 1);
+  qx->wr_id = 3;
+  ibv_wr_rdma_read(qx, dst.mr->rkey, dst.addr() + 32);
+  ibv_wr_set_sge(qx, back.mr->lkey, back.addr(), 7);
+  ASSERT_EQ(ibv_wr_complete(qx), 0);
+  auto tx = PollN(a_.cq, 3);
+  ASSERT_EQ(tx.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(tx[i].status, IBV_WC_SUCCESS) << i;
+    EXPECT_EQ(tx[i].wr_id, static_cast<uint64_t>(i + 1));
+  }
+  EXPECT_EQ(tx[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(tx[1].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(tx[2].opcode, IBV_WC_RDMA_READ);
+  auto rx = PollN(b_.cq, 1);
+  ASSERT_EQ(rx.size(), 1u);
+  EXPECT_EQ(rx[0].byte_len, 4u);
+  EXPECT_EQ(memcmp(dst.data.data(), "sent", 4), 0);
+  EXPECT_EQ(memcmp(dst.data.data() + 16, "written inline", 14), 0);
+  EXPECT_EQ(memcmp(back.data.data(), "read me", 7), 0);
 }
 
 // A child of fork starts over: the parent's agent thread (started here by
