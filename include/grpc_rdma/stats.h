@@ -29,7 +29,8 @@
   X(credit_waits, "times writes waited for the peer's credits (its receive buffers)")     \
   X(memory_waits, "times writes waited for pinned memory (TF_RDMA_BUF_SIZE)")            \
   X(connection_errors, "connections closed by a fault: peer broke the protocol, "         \
-                       "completion or device error, grants left unwritten, failed post")
+                       "completion or device error, grants left unwritten, failed post "   \
+                       "(at the top level also those that failed before gRPC got them)")
 
 // X(name, what): counters of the whole process.
 #define GRPC_RDMA_PROCESS_COUNTERS(X)                                                     \

@@ -365,6 +365,7 @@ void ConnImpl::DisconnectNowLocked() {
 void ConnImpl::FailLocked(absl::Status why, Deferred* d) {
   if (state_ == State::kClosed) return;
   stats_.connection_errors = 1;
+  engine_->connection_errors.fetch_add(1);
   CloseLocked(std::move(why), d, true);
 }
 

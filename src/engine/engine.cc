@@ -474,5 +474,6 @@ const Options& Engine::options() const { return impl_->options; }
 uint64_t Engine::pinned_bytes() const { return impl_->budget.used(); }
 uint64_t Engine::poller_wakeups() const { return impl_->wakeups.load(); }
 uint64_t Engine::refused() const { return impl_->refused.load(); }
+uint64_t Engine::connection_errors() const { return impl_->connection_errors.load(); }
 
 }  // namespace grpc_rdma

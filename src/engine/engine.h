@@ -156,6 +156,9 @@ class Engine {
   // Connection requests refused: not grpc-rdma's, on another device than
   // TF_RDMA_DEV_NAME, or no resources to set them up.
   uint64_t refused() const;
+  // Connections a fault closed (each ConnectionStats::connection_errors),
+  // including those that failed before the application got them.
+  uint64_t connection_errors() const;
 
  private:
   explicit Engine(std::shared_ptr<EngineImpl> impl);

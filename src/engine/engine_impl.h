@@ -57,6 +57,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::atomic<int> buffer_waiters{0};
   std::atomic<uint64_t> wakeups{0};  // Wake() calls
   std::atomic<uint64_t> refused{0};  // connection requests rejected
+  std::atomic<uint64_t> connection_errors{0};  // connections a fault closed (FailLocked)
   static constexpr int kExternalGraceUs = 250;
   static constexpr uint64_t kHostActiveUs = 100000;
   static constexpr uint64_t kBackupUs = 20000;

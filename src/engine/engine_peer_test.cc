@@ -319,16 +319,12 @@ class RogueServer {
     if (port.ok()) port_ = *port;
   }
   bool ok() const { return port_ != 0; }
-  // Waits up to `ms` for the connections it accepted to have counted `n`
-  // faults between them; the count then.
+  // Waits up to `ms` for the engine to have counted `n` connections closed
+  // by a fault (a rogue's may fail before it is handed over); the count then.
   uint64_t WaitForErrors(uint64_t n, int ms) {
     uint64_t errors = 0;
     for (int waited = 0;; waited += 10) {
-      errors = 0;
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        for (auto& c : accepted_) errors += c->stats().connection_errors;
-      }
+      errors = engine_->connection_errors();
       if (errors >= n || waited >= ms) return errors;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -513,6 +509,68 @@ int AwaitControl(ibv_cq* cq, const char* mem, uint8_t type, int ms, bool first,
 // comes up), then writes 100 bytes into it: the HCA allows the write, but
 // a message the eager limit allows has no business there, and the engine
 // must close the connection.
+// One message (or two) whose header breaks a rule of the wire protocol
+// (docs/wire-protocol.md), sent right after the connection is up; then
+// stays connected while the engine reads it. 0 when sent.
+int RogueHeader(rdma_cm_id* id, const std::string& which) {
+  auto send = [&](const void* p, size_t n) {
+    ibv_sge s{reinterpret_cast<uint64_t>(p), static_cast<uint32_t>(n), 0};
+    ibv_send_wr w{}, *bad;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = IBV_WR_SEND;
+    w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+    return ibv_post_send(id->qp, &w, &bad) == 0;
+  };
+  wire::Header h{};
+  h.version = wire::kVersion;
+  char msg[sizeof(h) + 4] = {};
+  size_t n = sizeof(h);
+  if (which == "short") {
+    n = 8;
+  } else if (which == "version") {
+    h.type = wire::kCredit;
+    h.version = 9;
+  } else if (which == "credits") {
+    h.type = wire::kCredit;
+    h.credits = 60000;
+  } else if (which == "data_empty") {
+    h.type = wire::kData;
+  } else if (which == "data_length") {
+    h.type = wire::kData;
+    h.len = 10;  // 4 follow
+    n += 4;
+  } else if (which == "data_in_rendezvous") {
+    wire::Header rts{};
+    rts.version = wire::kVersion;
+    rts.type = wire::kRts;
+    rts.a = 1 << 20;
+    if (!send(&rts, sizeof(rts))) return 19;
+    h.type = wire::kData;
+    h.len = 4;
+    n += 4;
+  } else if (which == "rendezvous_empty") {
+    h.type = wire::kRts;
+  } else if (which == "rendezvous_huge") {
+    h.type = wire::kRts;
+    h.a = uint64_t{1} << 62;
+  } else if (which == "grant_for_nothing") {
+    h.type = wire::kCts;
+    h.len = 4096;
+  } else if (which == "standing_small") {
+    h.type = wire::kStanding;
+    h.len = 64;  // not above the engine's eager limit
+  } else if (which == "unknown_type") {
+    h.type = 99;
+  } else {
+    return 30;
+  }
+  memcpy(msg, &h, sizeof(h));
+  if (!send(msg, n)) return 19;
+  usleep(500 * 1000);
+  return 0;
+}
+
 int RogueSmallWriteIntoStandingGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   wire::Header pre{};
   if (AwaitControl(cq, mem, wire::kStanding, 5000, true, &pre) == 0) return 15;
@@ -705,6 +763,7 @@ int ChildRogue(uint16_t port) {
   if (rdma_connect(id, &p) || !peer.Next(RDMA_CM_EVENT_ESTABLISHED)) return 12;
   const char* mode_env = getenv("ROGUE_MODE");
   std::string mode = mode_env ? mode_env : "read";
+  if (mode.rfind("header_", 0) == 0) return RogueHeader(id, mode.substr(7));
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
   if (mode == "pre_then_rts") return RoguePreThenRts(id, cq, mem.data(), mr);
   if (mode == "unsolicited") {
@@ -1065,6 +1124,46 @@ TEST(EnginePeers, ChunksOutOfOrderAreAViolation) {
       << log.Text();
   EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << "counted in connection_errors";
 }
+
+// The rogue-peer matrix for message headers: one case per rule the
+// receiver checks in a message (version, credits, data length, rendezvous
+// size, grants, type). Each: the engine logs which rule, closes only that
+// connection, and counts it; then an honest peer connects to the same
+// engine and is served.
+struct HeaderCase {
+  const char* mode;
+  const char* rule;  // as the log says it
+};
+void PrintTo(const HeaderCase& c, std::ostream* os) { *os << c.mode; }
+class HeaderViolation : public ::testing::TestWithParam<HeaderCase> {};
+
+TEST_P(HeaderViolation, ClosesThatConnectionAndSaysWhy) {
+  StderrCapture log;
+  RogueServer server;
+  ASSERT_TRUE(server.ok());
+  EXPECT_EQ(server.Run({std::string("ROGUE_MODE=header_") + GetParam().mode}), 0);
+  EXPECT_TRUE(log.WaitFor(std::string("the peer broke the protocol (") + GetParam().rule + ")",
+                          5000))
+      << log.Text();
+  EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << "counted in connection_errors";
+  EXPECT_EQ(server.Run({"ROGUE_MODE=count_pre"}), 100 + 2)
+      << "an engine from before the standing grants' field, behaving: served as before";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, HeaderViolation,
+    ::testing::Values(HeaderCase{"short", "message shorter than a header"},
+                      HeaderCase{"version", "unknown protocol version"},
+                      HeaderCase{"credits", "more credits than receives posted"},
+                      HeaderCase{"data_empty", "bad data length"},
+                      HeaderCase{"data_length", "bad data length"},
+                      HeaderCase{"data_in_rendezvous", "data in the middle of a rendezvous"},
+                      HeaderCase{"rendezvous_empty", "bad rendezvous"},
+                      HeaderCase{"rendezvous_huge", "bad rendezvous"},
+                      HeaderCase{"grant_for_nothing", "grant for nothing"},
+                      HeaderCase{"standing_small", "bad standing grant"},
+                      HeaderCase{"unknown_type", "unknown message type"}),
+    [](const auto& i) { return std::string(i.param.mode); });
 
 // A peer that announces a large message, takes the grants and writes
 // nothing (gone silent, or an attack on the pinned memory: 100 such peers

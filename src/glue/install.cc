@@ -191,6 +191,11 @@ uint64_t Runtime::pinned_bytes() {
   return engine_ ? engine_->pinned_bytes() : 0;
 }
 
+uint64_t Runtime::connection_errors() {
+  std::lock_guard<std::mutex> g(mu_);
+  return engine_ ? engine_->connection_errors() : 0;
+}
+
 uint64_t Runtime::refused() {
   std::lock_guard<std::mutex> g(mu_);
   return engine_ ? engine_->refused() : 0;
@@ -314,6 +319,9 @@ Stats GetStats() {
     s.pinned_bytes = rt->pinned_bytes();
     s.grpc_thread_polls = rt->host_polls();
     s.connections_refused = rt->refused();
+    // Every connection a fault closed, also those that failed before gRPC
+    // got them (the devices count the connections gRPC used).
+    s.connection_errors = std::max(s.connection_errors, rt->connection_errors());
   }
   return s;
 }

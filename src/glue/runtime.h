@@ -40,6 +40,7 @@ class Runtime {
   uint64_t pinned_bytes();
   uint64_t host_polls();  // Engine::host_polls, 0 before the engine exists
   uint64_t refused();     // Engine::refused, likewise
+  uint64_t connection_errors();  // Engine::connection_errors, likewise
 
   // gRPC's pollers poll the engine too while there is an RDMA endpoint or
   // listener (grpc_polling.cc); each creation acquires, each end releases.
