@@ -801,6 +801,25 @@ int ChildRogue(uint16_t port) {
   w.opcode = IBV_WR_SEND;
   w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
   ibv_post_send(id->qp, &w, &bad);
+  if (mode == "chunk_short" || mode == "chunk_no_grant") {
+    // The first grant, written with half its length, or under a grant id
+    // the engine never gave (into the granted memory, so the device lets it).
+    wire::Header g{};
+    if (AwaitControl(cq, mem.data(), wire::kCts, 5000, true, &g) == 0) return 13;
+    const bool short_chunk = mode == "chunk_short";
+    ibv_sge ws{reinterpret_cast<uint64_t>(mem.data() + 8 * 65536),
+               short_chunk ? g.len / 2 : g.len, mr->lkey};
+    ibv_send_wr ww{}, *wbad;
+    ww.sg_list = &ws;
+    ww.num_sge = 1;
+    ww.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    ww.imm_data = htonl(short_chunk ? g.grant : g.grant + 1000);
+    ww.wr.rdma.remote_addr = g.a;
+    ww.wr.rdma.rkey = g.rkey;
+    if (ibv_post_send(id->qp, &ww, &wbad) != 0) return 15;
+    usleep(500 * 1000);  // connected while the engine reads it
+    return 0;
+  }
   if (mode == "reorder") {
     // Two grants (the engine's chunks are 64 KiB here), written second
     // first, each as a whole chunk from the last 64 KiB of mem.
@@ -1164,6 +1183,24 @@ INSTANTIATE_TEST_SUITE_P(
                       HeaderCase{"standing_small", "bad standing grant"},
                       HeaderCase{"unknown_type", "unknown message type"}),
     [](const auto& i) { return std::string(i.param.mode); });
+
+// The chunk rules: a chunk shorter than its grant, and one under a grant id
+// the engine never gave; each logged and counted, that connection closed.
+TEST(EnginePeers, ChunksOfTheWrongLengthOrForNoGrantAreViolations) {
+  Options o;
+  o.chunk_size = 64 << 10;
+  for (auto [mode, rule] : {std::pair<const char*, const char*>{"chunk_short",
+                                                                 "chunk of the wrong length"},
+                            {"chunk_no_grant", "chunk for no grant"}}) {
+    StderrCapture log;
+    RogueServer server(o);
+    ASSERT_TRUE(server.ok());
+    EXPECT_EQ(server.Run({std::string("ROGUE_MODE=") + mode}), 0) << mode;
+    EXPECT_TRUE(log.WaitFor(std::string("the peer broke the protocol (") + rule + ")", 5000))
+        << mode << ": " << log.Text();
+    EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << mode;
+  }
+}
 
 // A peer that announces a large message, takes the grants and writes
 // nothing (gone silent, or an attack on the pinned memory: 100 such peers
