@@ -299,6 +299,12 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
   }
 }
 
+// Refuses a connection request, counted before the peer can know of it.
+void EngineImpl::RejectLocked(rdma_cm_id* id) {
+  refused.fetch_add(1);
+  rdma_reject(id, nullptr, 0);
+}
+
 void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferred* d) {
   size_t li = reinterpret_cast<size_t>(listener);
   wire::Hello peer;
@@ -306,8 +312,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
                                      e->param.conn.private_data_len, kMaxEngineAccSize, &peer);
   if (const char* why = WrongPathLocked(e->id, "a connection request's address")) {
     (void)why;  // logged once per device; the client falls back to TCP
-    refused.fetch_add(1);  // before the peer can know
-    rdma_reject(e->id, nullptr, 0);
+    RejectLocked(e->id);
     rdma_destroy_id(e->id);
     return;
   }
@@ -315,8 +320,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
     GRPC_RDMA_LOG_ERROR(
         "refusing an RDMA connection that is not grpc-rdma's (%s)",
         bad != nullptr ? bad : "no listener");
-    refused.fetch_add(1);  // before the peer can know
-    rdma_reject(e->id, nullptr, 0);
+    RejectLocked(e->id);
     rdma_destroy_id(e->id);
     return;
   }
@@ -328,8 +332,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   if (!s.ok()) {
     GRPC_RDMA_LOG_ERROR("cannot accept an RDMA connection: %s",
                         std::string(s.message()).c_str());
-    refused.fetch_add(1);  // before the peer can know
-    rdma_reject(e->id, nullptr, 0);
+    RejectLocked(e->id);
     c->CloseLocked(s, d, false);
     conns_.erase(e->id);
     d->push_back([c] {});
@@ -340,7 +343,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   wire::Hello mine = c->MyHello();
   rdma_conn_param p = ConnParam(&mine);
   if (rdma_accept(e->id, &p) != 0) {
-    refused.fetch_add(1);
+    refused.fetch_add(1);  // accepted, then failed: nothing to reject
     c->CloseLocked(CheckErrno(true, "rdma_accept"), d, false);
     UnwatchLocked(c.get());
     conns_.erase(e->id);

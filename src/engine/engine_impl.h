@@ -116,6 +116,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // TF_RDMA_TOS on `id`, if set (before its route is resolved, or on a
   // listener, whose requests inherit it).
   absl::Status SetTosLocked(rdma_cm_id* id);
+  void RejectLocked(rdma_cm_id* id);
   std::string wrong_device_why_;
   std::vector<std::string> wrong_devices_logged_;
   // `listener`: the listening id's context, read before the event was

@@ -186,24 +186,9 @@ std::string Runtime::unavailable() {
   return unavailable_;
 }
 
-uint64_t Runtime::pinned_bytes() {
+const Engine* Runtime::started_engine() {
   std::lock_guard<std::mutex> g(mu_);
-  return engine_ ? engine_->pinned_bytes() : 0;
-}
-
-uint64_t Runtime::connection_errors() {
-  std::lock_guard<std::mutex> g(mu_);
-  return engine_ ? engine_->connection_errors() : 0;
-}
-
-uint64_t Runtime::refused() {
-  std::lock_guard<std::mutex> g(mu_);
-  return engine_ ? engine_->refused() : 0;
-}
-
-uint64_t Runtime::host_polls() {
-  std::lock_guard<std::mutex> g(mu_);
-  return engine_ ? engine_->host_polls() : 0;
+  return engine_.get();
 }
 
 bool Runtime::RecentlyFailed(const std::string& key) {
@@ -316,12 +301,14 @@ Stats GetStats() {
   s.grpc_version = GRPC_RDMA_GRPC_VERSION_STRING;
   if (Runtime* rt = Runtime::Get()) {
     s.rdma_unavailable = rt->unavailable();
-    s.pinned_bytes = rt->pinned_bytes();
-    s.grpc_thread_polls = rt->host_polls();
-    s.connections_refused = rt->refused();
-    // Every connection a fault closed, also those that failed before gRPC
-    // got them (the devices count the connections gRPC used).
-    s.connection_errors = std::max(s.connection_errors, rt->connection_errors());
+    if (const Engine* e = rt->started_engine()) {
+      s.pinned_bytes = e->pinned_bytes();
+      s.grpc_thread_polls = e->host_polls();
+      s.connections_refused = e->refused();
+      // Every connection a fault closed, also those that failed before
+      // gRPC got them (the devices count the connections gRPC used).
+      s.connection_errors = std::max(s.connection_errors, e->connection_errors());
+    }
   }
   return s;
 }

@@ -36,11 +36,9 @@ class Runtime {
   // unavailable(), and everything goes by TCP.
   Engine* engine();
   std::string unavailable();
-  // Registered memory in use (0 before the engine exists; never creates it).
-  uint64_t pinned_bytes();
-  uint64_t host_polls();  // Engine::host_polls, 0 before the engine exists
-  uint64_t refused();     // Engine::refused, likewise
-  uint64_t connection_errors();  // Engine::connection_errors, likewise
+  // The engine if it was made (never makes it): for the stats. Never
+  // destroyed once made.
+  const Engine* started_engine();
 
   // gRPC's pollers poll the engine too while there is an RDMA endpoint or
   // listener (grpc_polling.cc); each creation acquires, each end releases.
