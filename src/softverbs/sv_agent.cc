@@ -103,9 +103,7 @@ Runtime::Runtime() {
     uint32_t ip = ntohl(s.addr.s_addr);
     d->lid = static_cast<uint16_t>(ip & 0xffff);
     // IPv4-mapped GID, as RoCE v2 reports for an IPv4 address.
-    d->gid.raw[10] = 0xff;
-    d->gid.raw[11] = 0xff;
-    memcpy(&d->gid.raw[12], &s.addr.s_addr, 4);
+    d->gid = MappedGid(s.addr);
     d->guid = htobe64(0x02c9000000000000ULL | (static_cast<uint64_t>(ip) << 8) | d->index);
     devices.push_back(d);
     qp_listeners.emplace_back();

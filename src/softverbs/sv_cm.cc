@@ -265,6 +265,18 @@ ibv_pd* DefaultPd(ibv_context* ctx) {
   return pd;
 }
 
+// The address vector of an id's route: the one rdma_init_qp_attr gives for
+// RTR, and the one a CM-managed QP gets.
+ibv_ah_attr CmAddressVector(const CmId* id) {
+  ibv_ah_attr ah{};
+  ah.is_global = 1;
+  ah.grh.dgid = MappedGid(id->id.route.addr.dst_sin.sin_addr);
+  ah.grh.traffic_class = id->tos;
+  ah.grh.hop_limit = 64;
+  ah.port_num = 1;
+  return ah;
+}
+
 // Moves a CM-managed QP to RTS against the peer's QPN and binds the link.
 void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   Qp* qp = IdQp(id);
@@ -273,14 +285,7 @@ void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   if (qp == nullptr || !qp->cm_managed || id->link == nullptr) return;
   qp->dest_qpn = id->peer_qpn;
   qp->peer_addr = id->id.route.addr.dst_sin.sin_addr;
-  // The address vector the CM gives it (ibv_query_qp reports it).
-  qp->ah = ibv_ah_attr{};
-  qp->ah.is_global = 1;
-  qp->ah.grh.dgid.raw[10] = qp->ah.grh.dgid.raw[11] = 0xff;
-  memcpy(&qp->ah.grh.dgid.raw[12], &qp->peer_addr, 4);
-  qp->ah.grh.traffic_class = id->tos;
-  qp->ah.grh.hop_limit = 64;
-  qp->ah.port_num = 1;
+  qp->ah = CmAddressVector(id);  // ibv_query_qp reports it
   if (qp->qp.state == IBV_QPS_INIT) qp->qp.state = IBV_QPS_RTR;
   qp->rnr_retry = mine.rnr_retry_count > 7 ? 7 : mine.rnr_retry_count;
   qp->retry_cnt = mine.retry_count > 7 ? 7 : mine.retry_count;
@@ -817,9 +822,7 @@ int rdma_resolve_route(rdma_cm_id* cid, int) {
     // at index 0), and the traffic class RDMA_OPTION_ID_TOS asked for.
     ibv_sa_path_rec* pr = id->id.route.path_rec;
     if (id->dev != nullptr) pr->sgid = id->dev->gid;
-    memset(&pr->dgid, 0, sizeof(pr->dgid));
-    pr->dgid.raw[10] = pr->dgid.raw[11] = 0xff;
-    memcpy(&pr->dgid.raw[12], &id->id.route.addr.dst_sin.sin_addr, 4);
+    pr->dgid = MappedGid(id->id.route.addr.dst_sin.sin_addr);
     pr->traffic_class = id->tos;
     pr->hop_limit = 64;
     id->state = CmState::kRoute;
@@ -1177,12 +1180,7 @@ int rdma_init_qp_attr(rdma_cm_id* cid, ibv_qp_attr* attr, int* mask) {
     attr->dest_qp_num = id->peer_qpn;
     attr->max_dest_rd_atomic = id->peer.responder_resources;
     attr->min_rnr_timer = 12;
-    attr->ah_attr.is_global = 1;
-    memcpy(&attr->ah_attr.grh.dgid.raw[12], &id->id.route.addr.dst_sin.sin_addr, 4);
-    attr->ah_attr.grh.dgid.raw[10] = attr->ah_attr.grh.dgid.raw[11] = 0xff;
-    attr->ah_attr.grh.traffic_class = id->tos;
-    attr->ah_attr.grh.hop_limit = 64;
-    attr->ah_attr.port_num = 1;
+    attr->ah_attr = CmAddressVector(id);
     *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
   } else if (want == IBV_QPS_RTS) {

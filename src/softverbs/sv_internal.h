@@ -19,6 +19,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -512,6 +513,15 @@ inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
 // Returns the IPv4 address a GID or LID names, relative to our device.
 bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
+// The IPv4-mapped GID of an address (::ffff:a.b.c.d), as RoCE v2 reports
+// for an IPv4 address: every softverbs device's GID, and the peer's.
+inline ibv_gid MappedGid(in_addr a) {
+  ibv_gid g{};
+  g.raw[10] = g.raw[11] = 0xff;
+  memcpy(&g.raw[12], &a.s_addr, 4);
+  return g;
+}
+
 // The fields of an extended QP creation that a plain one has.
 inline ibv_qp_init_attr PlainQpAttr(const ibv_qp_init_attr_ex& ex) {
   ibv_qp_init_attr a{};
