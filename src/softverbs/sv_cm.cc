@@ -1217,12 +1217,25 @@ int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo*
   out->ai_port_space = RDMA_PS_TCP;
   auto* sa = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_in)));
   memcpy(sa, ai->ai_addr, sizeof(sockaddr_in));
+  if (hints != nullptr) {
+    if (hints->ai_qp_type != 0) out->ai_qp_type = hints->ai_qp_type;
+    if (hints->ai_port_space != 0) out->ai_port_space = hints->ai_port_space;
+  }
   if (passive) {
     out->ai_src_addr = sa;
     out->ai_src_len = sizeof(sockaddr_in);
   } else {
     out->ai_dst_addr = sa;
     out->ai_dst_len = sizeof(sockaddr_in);
+    // The source the caller names in the hints is the result's source, as
+    // librdmacm gives it (rdma_create_ep then binds it, choosing the device).
+    if (hints != nullptr && hints->ai_src_addr != nullptr &&
+        hints->ai_src_len >= sizeof(sockaddr_in) && hints->ai_src_addr->sa_family == AF_INET) {
+      auto* src = static_cast<sockaddr*>(calloc(1, sizeof(sockaddr_in)));
+      memcpy(src, hints->ai_src_addr, sizeof(sockaddr_in));
+      out->ai_src_addr = src;
+      out->ai_src_len = sizeof(sockaddr_in);
+    }
   }
   freeaddrinfo(ai);
   *res = out;

@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <string>
+#include <vector>
 
 #include "sv_internal.h"
 
@@ -21,6 +22,7 @@ namespace {
 struct ConfigResult {
   Config config;
   std::string error;  // non-empty: softverbs offers no device
+  std::vector<std::string> warnings;
 };
 
 bool ParseLong(const char* name, long min, long max, long* out,
@@ -115,13 +117,14 @@ bool NetmaskFor(in_addr a, in_addr* mask) {
 }
 
 // SOFTVERBS_DEVICES="mlx5_0:10.0.0.1,mlx5_1:127.0.0.1"
-bool ParseDevices(Config* c, std::string* error) {
+bool ParseDevices(Config* c, std::string* error, std::vector<std::string>* warnings) {
   const char* v = getenv("SOFTVERBS_DEVICES");
   if (v == nullptr || *v == '\0') {
     DefaultDevices(c);
     return true;
   }
   std::string s(v);
+  std::vector<std::string> elsewhere;
   size_t pos = 0;
   while (pos <= s.size()) {
     size_t comma = s.find(',', pos);
@@ -136,13 +139,27 @@ bool ParseDevices(Config* c, std::string* error) {
     }
     d.name = item.substr(0, colon);
     if (!NetmaskFor(d.addr, &d.mask)) {
-      *error = std::string("SOFTVERBS_DEVICES: address ") + (item.c_str() + colon + 1) +
-               " of device " + d.name + " is not an address of this host";
-      return false;
+      // As an RDMA device is seen from every network namespace while its
+      // address lives in one, a device whose address is elsewhere is kept
+      // (usable by a process, such as a forked child, that enters the
+      // namespace holding it), with a host route: unless no address at all
+      // is here, which is a mistake.
+      d.mask.s_addr = 0xffffffff;
+      elsewhere.push_back(std::string("SOFTVERBS_DEVICES: address ") +
+                          (item.c_str() + colon + 1) + " of device " + d.name +
+                          " is not an address of this host");
     }
     c->devices.push_back(d);
     if (comma == std::string::npos) break;
     pos = comma + 1;
+  }
+  if (elsewhere.size() == c->devices.size()) {
+    *error = elsewhere[0];
+    return false;
+  }
+  for (const std::string& e : elsewhere) {
+    warnings->push_back(e + " (its network namespace?); the device is listed, and works only in "
+                            "a process that has the address");
   }
   return true;
 }
@@ -170,7 +187,7 @@ ConfigResult Load() {
             ParseLong("SOFTVERBS_MAX_INLINE", 0, 4096, &inl, &e) &&
             ParseLong("SOFTVERBS_TRACE", 0, 1, &trace, &e) &&
             ParseLong("SOFTVERBS_RESOLVE_US", 0, 10000000, &resolve, &e) &&
-            ParseDevices(&c, &e);
+            ParseDevices(&c, &e, &r.warnings);
   if ((ring_kb & (ring_kb - 1)) != 0 && ok) {
     e = "SOFTVERBS_RING_KB='" + std::to_string(ring_kb) + "' is not valid: expected a power of two";
     ok = false;
@@ -207,6 +224,7 @@ const Config& GetConfig() {
     if (!res->error.empty()) {
       fprintf(stderr, "softverbs: %s; softverbs offers no RDMA device\n", res->error.c_str());
     }
+    for (const std::string& w : res->warnings) fprintf(stderr, "softverbs: %s\n", w.c_str());
     return res;
   }();
   return r->config;

@@ -328,6 +328,28 @@ TEST(Cm, TosReachesThePathAndTheQp) {
   rdma_destroy_id(child);
 }
 
+// A client's source address and port space in the hints come back in the
+// result, as librdmacm gives them: rdma_create_ep binds that source (it
+// chooses the device when a host has several).
+TEST(Cm, GetaddrinfoKeepsTheHintsSourceAndPortSpace) {
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  src.sin_port = htons(4791);
+  inet_pton(AF_INET, "127.0.0.1", &src.sin_addr);
+  rdma_addrinfo hints{}, *res = nullptr;
+  hints.ai_port_space = RDMA_PS_IB;
+  hints.ai_src_addr = reinterpret_cast<sockaddr*>(&src);
+  hints.ai_src_len = sizeof(src);
+  ASSERT_EQ(rdma_getaddrinfo("127.0.0.1", "7000", &hints, &res), 0);
+  ASSERT_NE(res->ai_dst_addr, nullptr);
+  ASSERT_NE(res->ai_src_addr, nullptr);
+  ASSERT_EQ(res->ai_src_len, sizeof(sockaddr_in));
+  EXPECT_EQ(memcmp(res->ai_src_addr, &src, sizeof(src)), 0);
+  EXPECT_EQ(res->ai_port_space, RDMA_PS_IB);
+  EXPECT_EQ(ntohs(reinterpret_cast<sockaddr_in*>(res->ai_dst_addr)->sin_port), 7000);
+  rdma_freeaddrinfo(res);
+}
+
 // The synchronous server of librdmacm's examples (rdma_server): an
 // endpoint made with QP attributes hands out requests that have a QP, so
 // a receive can be posted before the accept (it crashed: no QP).

@@ -251,6 +251,17 @@ TEST(Config, BadValuesAreNamedAndDisableTheDevice) {
                     &out),
             0);
   EXPECT_NE(out.find("not an address of this host"), std::string::npos) << out;
+  EXPECT_NE(out.find("devices=0"), std::string::npos) << out;
+  // One device here and one whose address is elsewhere (another network
+  // namespace): both listed, the second named in a warning.
+  EXPECT_EQ(RunSelf({"SOFTVERBS_DEVICES=mlx5_0:127.0.0.1,mlx5_1:192.0.2.77"},
+                    {"--scenario", "list-devices"}, &out),
+            0);
+  EXPECT_NE(out.find("address 192.0.2.77 of device mlx5_1 is not an address of this host"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("offers no RDMA device"), std::string::npos) << out;
+  EXPECT_NE(out.find("devices=2"), std::string::npos) << out;
   EXPECT_EQ(RunSelf({"SOFTVERBS_RING_KB=12"}, {"--scenario", "list-devices"}, &out), 0);
   EXPECT_NE(out.find("power of two"), std::string::npos) << out;
 }
