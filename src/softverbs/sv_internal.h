@@ -1,5 +1,15 @@
 // softverbs internals: the objects behind the verbs handles, the per-process
-// runtime and its agent thread.
+// runtime and its agent thread, and what each file offers the others (one
+// section per file, named in its heading). The files:
+//   sv_config.cc     SOFTVERBS_* settings, logging, traffic counters
+//   sv_runtime.cc    the runtime: devices, key and QP number tables, fork
+//   sv_agent.cc      the agent thread and each link's event dispatch
+//   sv_handshake.cc  link handshakes and control messages, raw QP connect
+//   sv_link.cc       the wires: TCP socket, shared-memory rings, doorbells
+//   sv_qp.cc         the QP engine: posting, frames, ACKs, RNR, errors
+//   sv_cq.cc         CQs and completion channels
+//   sv_verbs.cc      the libibverbs entry points
+//   sv_cm_protocol.cc, sv_cm_abi.cc  librdmacm (sv_cm_internal.h)
 //
 // Threading model (one rule for the whole device):
 // - Runtime::mu guards every QP, link, MR table and CM object. Verbs calls
@@ -29,7 +39,7 @@
 
 namespace softverbs {
 
-// ---------------------------------------------------------------- config ---
+// ------------------------------------- sv_config.cc: settings, logs ---
 
 // One soft device: an RDMA port bound to one of the host's IPv4 addresses.
 struct DeviceSpec {
@@ -65,7 +75,7 @@ void Trace(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void Warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t NowUs();
 
-// ----------------------------------------------------------------- stats ---
+// ------------------------------------- sv_config.cc: traffic counters ---
 
 enum StatOp { kStatSend, kStatSendImm, kStatWrite, kStatWriteImm, kStatRead,
               kStatRecv, kStatNumOps };
@@ -321,7 +331,7 @@ struct Qp {
   bool destroyed = false;
 };
 
-// ----------------------------------------------------------------- runtime -
+// -------------------------- sv_runtime.cc, sv_agent.cc: the runtime ---
 
 // What the agent's epoll reports an fd as.
 struct EpollTag {
@@ -406,11 +416,23 @@ class Runtime {
 };
 
 
-// Completion helpers (sv_cq.cc). Caller holds Runtime::mu.
+// ------------------------------------------------- sv_cq.cc: CQs ---
+
+// The context ops behind ibv_poll_cq, ibv_req_notify_cq and ibv_create_cq_ex.
+int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
+int ReqNotifyCq(ibv_cq* cq, int solicited_only);
+ibv_cq_ex* CreateCqExOp(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
+// Caller holds Runtime::mu:
 void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited);
 void LinkUndelegate(Link* l);  // takes the link out of its channel's set
 
-// QP engine (sv_qp.cc). Caller holds Runtime::mu.
+// ------------------------------------------- sv_qp.cc: the QP engine ---
+
+// The context ops behind ibv_post_send and ibv_post_recv.
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
+// Caller holds Runtime::mu:
+int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask);
 void QpToErrorLocked(Qp* qp, ibv_wc_status head_status);
 // An affiliated asynchronous event of `qp` for ibv_get_async_event (as an
 // HCA raises IBV_EVENT_QP_ACCESS_ERR on the responder of a refused RDMA
@@ -421,10 +443,17 @@ void QpLinkDeadLocked(Qp* qp, bool peer_gone);
 bool QpHandleFrameBegin(Link* l);  // false: wait (RNR or delay)
 void QpHandleFrameEnd(Link* l);
 void QpRxPassDone(Link* l);  // flushes the cumulative ACK
-void QpTryConnectLocked(Qp* qp);
 void QpTimersLocked(Qp* qp, uint64_t now);
+// The extended post API (send, send with immediate, RDMA write with and
+// without immediate, RDMA read) on an RC QP.
+constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                                  IBV_QP_EX_WITH_RDMA_WRITE |
+                                  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
+void EnableQpEx(Qp* qp);
 
-// Links (sv_link.cc). Caller holds Runtime::mu.
+// ------------------------------------------- sv_link.cc: the wires ---
+// Caller holds Runtime::mu.
+
 Link* NewLink(int fd, bool initiator);
 void LinkEnqueue(Link* l, OutFrame f);
 bool LinkPump(Link* l);
@@ -446,18 +475,54 @@ void LinkSetLazyAcks(Link* l, bool lazy);
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
 
-// Handshake messages (sv_agent.cc). `fired` is the descriptor the event is
-// for (the link's socket or its doorbell socket), or -1 when not known (a
-// thread woken through a completion channel, which sees only that one of
-// the channel's descriptors is ready).
-void HandleLinkEvent(Link* l, uint32_t events, int fired = -1);
-void HandleQpListener(int fd);
+// ------------------------------------- sv_handshake.cc: handshakes ---
+// Caller holds Runtime::mu.
+
 // Connects from `from` (any address when INADDR_ANY) to addr:port.
 int ConnectNonBlocking(in_addr addr, uint16_t port, in_addr from = in_addr{0});
+// Control messages on a link socket before it is up: [u32 len][u8 type][body].
+enum CtlType : uint8_t {
+  kCtlHello = 1, kCtlHelloAck = 2,
+  kCtlCmReq = 10, kCtlCmRep = 11, kCtlCmRej = 12, kCtlCmRtu = 13,
+};
+void CtlSend(Link* l, uint8_t type, const void* body, size_t len);
 bool CtlFlush(Link* l);
+// Pops one complete control message; false if none yet.
+bool CtlPop(Link* l, uint8_t* type, std::string* body);
+// Sends what is queued and handles each control message that has arrived.
+void HandshakeStepLocked(Link* l);
+void HandleQpListener(int fd);  // accepts raw QP connections
+// Starts the raw-path connection of an initiating QP to its peer.
+void QpTryConnectLocked(Qp* qp);
 
-// CM hooks: librdmacm.so.1 (sv_cm.cc) installs them when it loads; without
-// it they do nothing. Caller holds Runtime::mu.
+// The shared-memory offer a HELLO or a CM REQ carries.
+struct ShmOffer {
+  char name[48];
+  uint64_t nonce;
+  uint64_t boot_hash;
+  uint64_t netns;
+  uint64_t ring_bytes;
+};
+
+// ----------------------------------------- sv_agent.cc: the agent ---
+// (and Runtime's agent members above). Caller holds Runtime::mu.
+
+// A link's event. `fired` is the descriptor the event is for (the link's
+// socket or its doorbell socket), or -1 when not known (a thread woken
+// through a completion channel, which sees only that one of the channel's
+// descriptors is ready).
+void HandleLinkEvent(Link* l, uint32_t events, int fired = -1);
+
+// ----------------------------- sv_runtime.cc: runtime, fork, CM hooks ---
+
+// Returns the IPv4 address a GID or LID names, relative to our device.
+bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
+// In the child of a fork, Runtime::Get starts over with a new runtime and
+// first calls `hook` (librdmacm's: its process-wide CM state,
+// sv_cm_protocol.cc), registered once.
+void SetForkChildHook(void (*hook)());
+// CM hooks: librdmacm.so.1 (sv_cm_protocol.cc) installs them when it
+// loads; without it they do nothing. Caller holds Runtime::mu.
 struct CmHooks {
   void (*listener)(void* listener);
   bool (*ctl)(Link* l, uint8_t type, const std::string& body);
@@ -466,29 +531,13 @@ struct CmHooks {
   void (*timers)(uint64_t now);
 };
 void SetCmHooks(const CmHooks& hooks);
-int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask);
 void CmHandleListener(void* listener);
 bool CmHandleCtl(Link* l, uint8_t type, const std::string& body);
 void CmLinkDead(Link* l);
 void CmDisconnectFrame(Link* l);
 void CmTimersLocked(uint64_t now);
 
-// Control messages on a link socket before it is up: [u32 len][u8 type][body].
-enum CtlType : uint8_t {
-  kCtlHello = 1, kCtlHelloAck = 2,
-  kCtlCmReq = 10, kCtlCmRep = 11, kCtlCmRej = 12, kCtlCmRtu = 13,
-};
-void CtlSend(Link* l, uint8_t type, const void* body, size_t len);
-// Pops one complete control message; false if none yet.
-bool CtlPop(Link* l, uint8_t* type, std::string* body);
-
-struct ShmOffer {
-  char name[48];
-  uint64_t nonce;
-  uint64_t boot_hash;
-  uint64_t netns;
-  uint64_t ring_bytes;
-};
+// ------------------------------------------------------ handles, GIDs ---
 
 template <typename T, typename M>
 T* ContainerOf(M* member, M T::*field) {
@@ -501,18 +550,10 @@ inline Context* ToCtx(ibv_context* c) {
                                     offsetof(verbs_context, context));
 }
 inline Qp* ToQp(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
-// sv_qp.cc: the extended post API (send, send with immediate, RDMA write
-// with and without immediate, RDMA read) on an RC QP.
-constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
-                                  IBV_QP_EX_WITH_RDMA_WRITE |
-                                  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM | IBV_QP_EX_WITH_RDMA_READ;
-void EnableQpEx(Qp* qp);
 inline Cq* ToCq(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Pd* ToPd(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 inline Mr* ToMr(ibv_mr* m) { return reinterpret_cast<Mr*>(m); }
 
-// Returns the IPv4 address a GID or LID names, relative to our device.
-bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out);
 // The IPv4-mapped GID of an address (::ffff:a.b.c.d), as RoCE v2 reports
 // for an IPv4 address: every softverbs device's GID, and the peer's.
 inline ibv_gid MappedGid(in_addr a) {
@@ -534,11 +575,6 @@ inline ibv_qp_init_attr PlainQpAttr(const ibv_qp_init_attr_ex& ex) {
   a.sq_sig_all = ex.sq_sig_all;
   return a;
 }
-
-// In the child of a fork, Runtime::Get starts over with a new runtime and
-// first calls `hook` (librdmacm's: its process-wide CM state, sv_cm.cc),
-// registered once.
-void SetForkChildHook(void (*hook)());
 
 }  // namespace softverbs
 

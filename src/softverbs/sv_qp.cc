@@ -522,7 +522,7 @@ void QpLinkDeadLocked(Qp* qp, bool) {
   // As on hardware, a QP learns that its peer is gone when it has something
   // to send: outstanding requests fail at once, an idle QP stays as it is
   // (its receives stay posted) and fails on its next send. Connections under
-  // RDMA CM go to error with DISCONNECTED instead (sv_cm.cc).
+  // RDMA CM go to error with DISCONNECTED instead (sv_cm_protocol.cc).
   if (qp->cm_managed || !qp->sq.empty()) QpToErrorLocked(qp, IBV_WC_RETRY_EXC_ERR);
 }
 

@@ -18,15 +18,6 @@
 #undef ibv_reg_mr
 #undef ibv_reg_mr_iova
 
-namespace softverbs {
-int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad);
-int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad);
-int PollCq(ibv_cq* cq, int n, ibv_wc* wc);
-ibv_cq_ex* CreateCqExOp(ibv_context* ctx, ibv_cq_init_attr_ex* attr);
-int ReqNotifyCq(ibv_cq* cq, int solicited_only);
-int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask);
-}  // namespace softverbs
-
 using namespace softverbs;
 
 namespace {
