@@ -136,6 +136,7 @@ void Runtime::AgentMain() {
   epoll_event evs[64];
   for (;;) {
     int timeout_ms = 0;
+    uint64_t first_due = 0;  // a CM event due before timeout_ms is over
     bool slept = false;
     if (NowUs() - last_active >= static_cast<uint64_t>(spin_us)) {
       agent_waiting.fetch_add(1, std::memory_order_relaxed);
@@ -160,7 +161,9 @@ void Runtime::AgentMain() {
       }
       for (auto& [qpn, qp] : qps)
         if (qp->link_deadline_us != 0) timers = true;
-      if (cm_timers.load(std::memory_order_relaxed) != 0) timers = true;
+      const uint64_t cm = cm_timers.load(std::memory_order_relaxed);
+      if (cm != 0) timers = true;
+      if (cm > 1) first_due = cm;
       if (pending) {
         for (Link* l : links) LinkSetSleeping(l, false);
       } else {
@@ -168,7 +171,16 @@ void Runtime::AgentMain() {
         slept = true;
       }
     }
-    int n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    int n;
+    if (slept && first_due != 0) {
+      uint64_t now = NowUs();
+      uint64_t us = std::min<uint64_t>(first_due > now ? first_due - now : 0,
+                                       static_cast<uint64_t>(timeout_ms) * 1000);
+      timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
+      n = epoll_pwait2(epfd_, evs, 64, &ts, nullptr);
+    } else {
+      n = epoll_wait(epfd_, evs, 64, timeout_ms);
+    }
     agent_waiting.fetch_add(1, std::memory_order_relaxed);
     std::unique_lock<std::mutex> g(mu);
     agent_waiting.fetch_sub(1, std::memory_order_relaxed);

@@ -434,7 +434,8 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
     l->ctl_out.append(reinterpret_cast<const char*>(&r), sizeof(r));
     id->state = CmState::kConnecting;
     id->deadline_us = NowUs() + kConnectTimeoutUs;
-    Rt().cm_timers.store(1);
+    uint64_t none = 0;  // a delayed event's due time stays
+    Rt().cm_timers.compare_exchange_strong(none, 1);
     Rt().Watch(fd, new EpollTag{EpollTag::kLink, l, fd}, true);
   }
   if (!id->sync) return 0;

@@ -212,8 +212,9 @@ void PushEventLater(CmId* id, rdma_cm_event_type type) {
     PushEvent(id, type, 0);
     return;
   }
+  // Every delay is the same: the queue's front is the first due.
   DelayedEvents().push_back({NowUs() + static_cast<uint64_t>(delay), id, type});
-  Rt().cm_timers.store(1);
+  Rt().cm_timers.store(DelayedEvents().front().due_us);
   Rt().StartAgent();  // it delivers the event, even before any QP exists
   Rt().Wake();
 }
@@ -430,7 +431,7 @@ void OnTimers(uint64_t now) {
   }
   bool connecting = false;
   for (CmId* id : Ids()) connecting |= id->state == CmState::kConnecting;
-  Rt().cm_timers.store(!d.empty() || connecting ? 1 : 0);
+  Rt().cm_timers.store(!d.empty() ? d.front().due_us : connecting ? 1 : 0);
   for (CmId* id : Ids()) {
     if (id->state == CmState::kConnecting && id->deadline_us != 0 && now > id->deadline_us) {
       id->deadline_us = 0;

@@ -399,9 +399,13 @@ class Runtime {
   // Set while the agent waits for mu: pollers then leave it alone, or a
   // busy-polling application would starve the agent with try_lock.
   std::atomic<int> agent_waiting{0};
-  // Non-zero while the CM has timed work (delayed events, connect deadlines):
-  // the agent then sleeps at most a millisecond.
-  std::atomic<int> cm_timers{0};
+  // Non-zero while the CM has timed work: the agent then sleeps at most a
+  // millisecond, and above 1 it is when the first delayed event is due
+  // (NowUs), which the agent meets to the microsecond rather than the
+  // millisecond (address and route resolution take SOFTVERBS_RESOLVE_US,
+  // not up to a millisecond more); 1 is coarse work only (connect
+  // deadlines).
+  std::atomic<uint64_t> cm_timers{0};
 
  private:
   Runtime();
