@@ -46,8 +46,9 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
 
 // ---------------------------------------------------------------- engine ---
 
-EngineImpl::EngineImpl(const Options& o)
+EngineImpl::EngineImpl(const Options& o, ChunkMemory memory)
     : options(o),
+      chunk_memory(memory),
       budget(o.buf_size, OneConnectionBytes(o)),
       device_(o.device_explicit ? o.device : "") {}
 
@@ -442,12 +443,13 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
 Engine::Engine(std::shared_ptr<EngineImpl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() { impl_->Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
+                                                       ChunkMemory memory) {
   RETURN_IF_ERROR(ValidateEngineOptions(options));
   ASSIGN_OR_RETURN(std::optional<std::string> device, ChooseDevice(options));
   (void)device;  // RDMA CM binds the device for the address; checked above
   RETURN_IF_ERROR(CheckPortAndGid(options));
-  auto impl = std::make_shared<EngineImpl>(options);
+  auto impl = std::make_shared<EngineImpl>(options, memory);
   RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }

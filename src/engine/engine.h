@@ -42,8 +42,21 @@ namespace grpc_rdma {
 class Connection;
 class EngineImpl;
 
-// Received stream bytes. Either a registered buffer lent to the reader
-// (zero-copy; given back when the chunk is destroyed) or owned memory.
+// Memory for the received bytes the engine copies out of registered
+// buffers (eager messages; rendezvous chunks it copies rather than lends).
+// By default the heap. A reader that hands the bytes on in memory of its
+// own (the glue: gRPC slices) supplies it, so the bytes are copied once,
+// straight into it, and never again: `allocate` returns an owner token for
+// `size` writable bytes at *data (nullptr: none, the heap is used), and
+// `release(owner)` frees them. Both may run on any thread.
+struct ChunkMemory {
+  void* (*allocate)(size_t size, char** data) = nullptr;
+  void (*release)(void* owner) = nullptr;
+};
+
+// Received stream bytes: a registered buffer lent to the reader (zero-copy;
+// given back when the chunk is destroyed), memory from the reader's
+// ChunkMemory, or the heap.
 class RecvChunk {
  public:
   RecvChunk() = default;
@@ -57,15 +70,27 @@ class RecvChunk {
   size_t size() const { return size_; }
   // True when data() points into a registered buffer (no copy was made).
   bool zero_copy() const { return static_cast<bool>(release_); }
+  // The ChunkMemory owner token of the bytes, if they are in such memory.
+  void* owner() const { return owner_; }
+  // Hands the bytes over to the caller, who releases the owner token
+  // itself; the chunk is empty afterwards. nullptr (and no change) unless
+  // the bytes are in ChunkMemory.
+  void* TakeOwner();
 
   static RecvChunk Owned(std::string bytes);
   static RecvChunk Lent(const char* data, size_t size, std::function<void()> release);
+  // A copy of `size` bytes at `src`, in `memory` if it allocates.
+  static RecvChunk Copy(const char* src, size_t size, const ChunkMemory& memory);
 
  private:
+  void Clear();
+
   const char* data_ = nullptr;
   size_t size_ = 0;
   std::string owned_;
   std::function<void()> release_;
+  void* owner_ = nullptr;
+  void (*owner_release_)(void*) = nullptr;
 };
 
 // One connection's counters (grpc_rdma/stats.h says what each counts).
@@ -116,7 +141,8 @@ class Engine {
 
   // Validates the options, picks the device (TF_RDMA_DEV_NAME) and starts
   // the poller. UNAVAILABLE when there is no RDMA device at all.
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Options& options);
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const Options& options,
+                                                      ChunkMemory memory = {});
   // Closes every connection (their operations fail) and stops the poller.
   // Connections and chunks the application still holds stay valid objects
   // (their operations fail with UNAVAILABLE).

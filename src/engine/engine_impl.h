@@ -33,7 +33,7 @@ using ConnList = std::vector<std::shared_ptr<ConnImpl>>;
 
 class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
  public:
-  explicit EngineImpl(const Options& o);
+  EngineImpl(const Options& o, ChunkMemory memory);
   ~EngineImpl();
   absl::Status Start();
   // Stops the poller and closes every connection (Engine's destructor);
@@ -77,6 +77,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   std::mutex mu;  // the registry's lock (see above)
   const Options options;
+  const ChunkMemory chunk_memory;  // where received bytes are copied
   PinnedBudget budget;
 
  private:

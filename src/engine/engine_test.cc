@@ -95,6 +95,7 @@ class Sink {
 struct Pair {
   std::unique_ptr<Engine> server, client;
   std::shared_ptr<Connection> s, c;
+  ChunkMemory server_memory;  // the server engine's, if set before Open
   // Engines fail pending reads when they go: do it while the Sinks those
   // reads report to still exist.
   void Close() {
@@ -106,7 +107,7 @@ struct Pair {
   bool Open(const Options& o) { return Open(o, o); }
   // Server and client configured apart (TF_RDMA_* set differently).
   bool Open(const Options& server_options, const Options& client_options) {
-    auto se = Engine::Create(server_options);
+    auto se = Engine::Create(server_options, server_memory);
     auto ce = Engine::Create(client_options);
     if (!se.ok() || !ce.ok()) return false;
     server = std::move(*se);
@@ -337,6 +338,83 @@ TEST(Engine, CountsTheBytesItCopies) {
   EXPECT_EQ(s.bytes_copied_on_receive, small.size()) << "lent chunks are not copied";
   EXPECT_EQ(c.bytes_copied_on_receive, 0u);
   EXPECT_EQ(s.bytes_copied_on_send, 0u);
+  p.Close();
+}
+
+// Received bytes the engine copies go into the reader's ChunkMemory (the
+// glue's: gRPC slices), once, and are released once: when the chunk goes,
+// or by the reader after it took them over.
+std::atomic<int> g_chunk_allocs{0}, g_chunk_releases{0};
+void* CountingAllocate(size_t size, char** data) {
+  ++g_chunk_allocs;
+  auto* block = new std::string(size, '\0');
+  *data = block->data();
+  return block;
+}
+void CountingRelease(void* owner) {
+  ++g_chunk_releases;
+  delete static_cast<std::string*>(owner);
+}
+
+std::vector<RecvChunk> ReadAtLeast(Connection& c, size_t n) {
+  std::vector<RecvChunk> got;
+  size_t have = 0;
+  while (have < n) {
+    std::promise<absl::StatusOr<std::vector<RecvChunk>>> done;
+    c.Read([&](absl::StatusOr<std::vector<RecvChunk>> r) { done.set_value(std::move(r)); });
+    auto f = done.get_future();
+    if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      ADD_FAILURE() << "no bytes within 10 s";
+      break;
+    }
+    absl::StatusOr<std::vector<RecvChunk>> r = f.get();
+    if (!r.ok()) {
+      ADD_FAILURE() << r.status();
+      break;
+    }
+    for (RecvChunk& ch : *r) {
+      have += ch.size();
+      got.push_back(std::move(ch));
+    }
+  }
+  return got;
+}
+
+TEST(Engine, CopiedBytesGoIntoTheReadersMemory) {
+  g_chunk_allocs = g_chunk_releases = 0;
+  Pair p;
+  p.server_memory = ChunkMemory{CountingAllocate, CountingRelease};
+  ASSERT_TRUE(p.Open(Options{}));
+  std::string first = Pattern(1000, 3), second = Pattern(300, 4);
+  ASSERT_TRUE(WriteAll(*p.c, first).ok());
+  std::vector<RecvChunk> got = ReadAtLeast(*p.s, first.size());
+  ASSERT_TRUE(WriteAll(*p.c, second).ok());
+  for (RecvChunk& ch : ReadAtLeast(*p.s, second.size())) got.push_back(std::move(ch));
+  ASSERT_GE(got.size(), 2u);
+  std::string data;
+  for (const RecvChunk& ch : got) {
+    data.append(ch.data(), ch.size());
+    EXPECT_NE(ch.owner(), nullptr) << "copied into the reader's memory";
+    EXPECT_FALSE(ch.zero_copy());
+  }
+  EXPECT_EQ(data, first + second);
+  EXPECT_EQ(g_chunk_allocs.load(), static_cast<int>(got.size()));
+  EXPECT_EQ(g_chunk_releases.load(), 0);
+  EXPECT_EQ(p.s->stats().bytes_copied_on_receive, first.size() + second.size());
+  // Taken over: the chunk is empty and releases nothing; moved: released
+  // once, by the chunk it moved to.
+  void* taken = got[0].TakeOwner();
+  ASSERT_NE(taken, nullptr);
+  EXPECT_EQ(got[0].size(), 0u);
+  EXPECT_EQ(got[0].TakeOwner(), nullptr);
+  RecvChunk moved = std::move(got[1]);
+  EXPECT_EQ(got[1].owner(), nullptr);
+  got.clear();
+  EXPECT_EQ(g_chunk_releases.load(), g_chunk_allocs.load() - 2);
+  { RecvChunk gone = std::move(moved); }
+  EXPECT_EQ(g_chunk_releases.load(), g_chunk_allocs.load() - 1);
+  CountingRelease(taken);
+  EXPECT_EQ(g_chunk_releases.load(), g_chunk_allocs.load());
   p.Close();
 }
 

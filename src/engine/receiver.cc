@@ -26,19 +26,36 @@ RecvChunk::RecvChunk(RecvChunk&& o) noexcept { *this = std::move(o); }
 
 RecvChunk& RecvChunk::operator=(RecvChunk&& o) noexcept {
   if (this == &o) return *this;
-  if (release_) release_();
+  Clear();
   owned_ = std::move(o.owned_);
   release_ = std::move(o.release_);
   o.release_ = nullptr;
+  owner_ = o.owner_;
+  owner_release_ = o.owner_release_;
+  o.owner_ = nullptr;
   size_ = o.size_;
-  data_ = release_ ? o.data_ : owned_.data();
+  data_ = release_ || owner_ ? o.data_ : owned_.data();
   o.data_ = nullptr;
   o.size_ = 0;
   return *this;
 }
 
-RecvChunk::~RecvChunk() {
+RecvChunk::~RecvChunk() { Clear(); }
+
+void RecvChunk::Clear() {
   if (release_) release_();
+  release_ = nullptr;
+  if (owner_ != nullptr) owner_release_(owner_);
+  owner_ = nullptr;
+}
+
+void* RecvChunk::TakeOwner() {
+  void* o = owner_;
+  if (o == nullptr) return nullptr;
+  owner_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+  return o;
 }
 
 RecvChunk RecvChunk::Owned(std::string bytes) {
@@ -46,6 +63,19 @@ RecvChunk RecvChunk::Owned(std::string bytes) {
   c.owned_ = std::move(bytes);
   c.data_ = c.owned_.data();
   c.size_ = c.owned_.size();
+  return c;
+}
+
+RecvChunk RecvChunk::Copy(const char* src, size_t size, const ChunkMemory& memory) {
+  char* data = nullptr;
+  void* owner = memory.allocate != nullptr ? memory.allocate(size, &data) : nullptr;
+  if (owner == nullptr) return Owned(std::string(src, size));
+  memcpy(data, src, size);
+  RecvChunk c;
+  c.data_ = data;
+  c.size_ = size;
+  c.owner_ = owner;
+  c.owner_release_ = memory.release;
   return c;
 }
 
@@ -147,7 +177,8 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
           h.len > engine_->options.acc_size)
         return Violation("bad data length", d);
       if (in_active_) return Violation("data in the middle of a rendezvous", d);
-      ready_.push_back(RecvChunk::Owned(std::string(b->data + wire::kHeaderBytes, h.len)));
+      ready_.push_back(
+          RecvChunk::Copy(b->data + wire::kHeaderBytes, h.len, engine_->chunk_memory));
       stats_.bytes_received += h.len;
       stats_.bytes_copied_on_receive += h.len;
       break;
@@ -212,7 +243,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
   // message) can never starve the transfer of buffers.
   uint64_t used = engine_->budget.used(), cap = engine_->budget.cap();
   if (used > cap / 4 * 3) {
-    ready_.push_back(RecvChunk::Owned(std::string(land.buf->data, land.len)));
+    ready_.push_back(RecvChunk::Copy(land.buf->data, land.len, engine_->chunk_memory));
     remote_pool_->Put(land.buf);
     ++stats_.chunks_copied;
     stats_.bytes_copied_on_receive += land.len;

@@ -20,8 +20,9 @@
 namespace grpc_rdma {
 namespace {
 
-// Below this a received chunk is copied into a gRPC slice: cheaper than a
-// heap-held chunk and a refcounted slice around it.
+// Below this a received chunk not already in a slice (the engine's heap
+// memory: only without SliceChunkMemory) is copied into a gRPC slice:
+// cheaper than a heap-held chunk and a refcounted slice around it.
 constexpr size_t kCopyBelow = 512;
 
 // The shared state of one endpoint: the grpc_endpoint itself goes at
@@ -55,7 +56,30 @@ std::string GrpcAddress(const std::string& engine_address) {
   return absl::StrCat("ipv4:", engine_address.substr(kRdma.size()), "?transport=rdma");
 }
 
+void* AllocateSlice(size_t size, char** data) {
+  // Never inlined: the bytes must live in the refcounted block, which is
+  // the owner token.
+  grpc_slice s = grpc_slice_malloc_large(size);
+  *data = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(s));
+  return s.refcount;
+}
+
+grpc_slice SliceOf(void* owner, const char* data, size_t size) {
+  grpc_slice s;
+  s.refcount = static_cast<grpc_slice_refcount*>(owner);
+  s.data.refcounted.bytes = reinterpret_cast<uint8_t*>(const_cast<char*>(data));
+  s.data.refcounted.length = size;
+  return s;
+}
+
+void ReleaseSlice(void* owner) { grpc_slice_unref(SliceOf(owner, nullptr, 0)); }
+
 grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
+  if (chunk.owner() != nullptr) {  // in a slice already (SliceChunkMemory)
+    const char* data = chunk.data();
+    size_t size = chunk.size();
+    return SliceOf(chunk.TakeOwner(), data, size);
+  }
   if (chunk.size() < kCopyBelow) {
     copied->fetch_add(chunk.size(), std::memory_order_relaxed);
     return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
@@ -152,6 +176,8 @@ grpc_error_handle ToGrpcError(const absl::Status& s) {
       GRPC_ERROR_CREATE(absl::StrCat("RDMA: ", s.message())),
       grpc_core::StatusIntProperty::kRpcStatus, GRPC_STATUS_UNAVAILABLE);
 }
+
+ChunkMemory SliceChunkMemory() { return ChunkMemory{AllocateSlice, ReleaseSlice}; }
 
 grpc_endpoint* CreateRdmaEndpoint(std::shared_ptr<Connection> conn, bool server) {
   auto* e = new RdmaEndpoint;

@@ -6,7 +6,9 @@
 // - read: empties the slice buffer, then completes with every byte the
 //   connection has (at least one);
 //   chunks that arrived by rendezvous go up as slices over the registered
-//   buffers (no copy), given back to the pool when gRPC drops the slice.
+//   buffers (no copy), given back to the pool when gRPC drops the slice;
+//   eager bytes go up in the slices the engine copied them into
+//   (SliceChunkMemory: one copy, out of the registered buffer).
 // - write: completes once the engine is done with the slices' bytes.
 // - shutdown: pending and later reads and writes fail with the given error
 //   (UNAVAILABLE) and the RDMA connection is closed.
@@ -23,6 +25,10 @@
 #include "src/core/lib/iomgr/endpoint.h"
 
 namespace grpc_rdma {
+
+// The engine's ChunkMemory for gRPC: received bytes are copied straight
+// into refcounted gRPC slices, which the endpoint hands up as they are.
+ChunkMemory SliceChunkMemory();
 
 // Takes a share of `conn`; the endpoint closes it when shut down or
 // destroyed. `server` says which side accepted (for the stats).

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
+#include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
@@ -164,7 +165,7 @@ Engine* Runtime::engine() {
   std::lock_guard<std::mutex> g(mu_);
   if (!tried_) {
     tried_ = true;
-    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(EngineOptions(options_));
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(EngineOptions(options_), SliceChunkMemory());
     if (e.ok()) {
       engine_ = std::move(*e);
       GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(engine_->options()).c_str());
