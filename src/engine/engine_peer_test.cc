@@ -304,15 +304,21 @@ INSTANTIATE_TEST_SUITE_P(ReadOrWritePast, RoguePeer,
                          });
 
 // An engine that accepts a rogue peer (the child below) per Run, keeping
-// what it accepted; Run returns the rogue's exit status (-1: it did not
-// exit normally).
+// what it accepted, and writing `write_on_accept` bytes to each (the rogue
+// then gets an announcement to answer); Run returns the rogue's exit
+// status (-1: it did not exit normally).
 class RogueServer {
  public:
-  explicit RogueServer(const Options& o = Options{}) {
+  explicit RogueServer(const Options& o = Options{}, size_t write_on_accept = 0)
+      : payload_(Pattern(write_on_accept, 6)) {
     auto se = Engine::Create(o);
     if (!se.ok()) return;
     engine_ = std::move(*se);
     auto port = engine_->Listen(Loopback(0), [this](std::shared_ptr<Connection> c) {
+      if (!payload_.empty()) {
+        iovec v{payload_.data(), payload_.size()};
+        c->Write({v}, [](absl::Status) {});  // the rogue's grants end it
+      }
       std::lock_guard<std::mutex> l(mu_);
       accepted_.push_back(std::move(c));
     });
@@ -338,6 +344,7 @@ class RogueServer {
 
  private:
   uint16_t port_ = 0;
+  std::string payload_;
   std::mutex mu_;
   std::vector<std::shared_ptr<Connection>> accepted_;
   std::unique_ptr<Engine> engine_;  // last: goes first, before what its callbacks use
@@ -789,6 +796,30 @@ int ChildRogue(uint16_t port) {
   }
   if (mode == "count_pre")  // exit status 100 + standing grants received
     return 100 + AwaitControl(cq, mem.data(), wire::kStanding, 300, false, nullptr);
+  if (mode == "grant_out_of_order" || mode == "grant_out_of_bounds") {
+    // The engine announces a message (RogueServer's write_on_accept); the
+    // grant starts past its first byte, or runs past its last.
+    wire::Header rts_in{};
+    if (AwaitControl(cq, mem.data(), wire::kRts, 5000, true, &rts_in) == 0) return 13;
+    wire::Header g{};
+    g.type = wire::kCts;
+    g.version = wire::kVersion;
+    const bool order = mode == "grant_out_of_order";
+    g.offset = order ? 4096 : 0;
+    g.len = order ? 4096 : static_cast<uint32_t>(rts_in.a + 4096);
+    g.a = reinterpret_cast<uint64_t>(mem.data() + 8 * 65536);
+    g.rkey = mr->rkey;
+    g.grant = 1;
+    ibv_sge gs{reinterpret_cast<uint64_t>(&g), sizeof(g), 0};
+    ibv_send_wr gw{}, *gbad;
+    gw.sg_list = &gs;
+    gw.num_sge = 1;
+    gw.opcode = IBV_WR_SEND;
+    gw.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+    if (ibv_post_send(id->qp, &gw, &gbad) != 0) return 15;
+    usleep(500 * 1000);  // connected while the engine reads it
+    return 0;
+  }
   // Announce a 1 MiB write: the engine answers with a grant.
   wire::Header rts{};
   rts.type = wire::kRts;
@@ -1197,6 +1228,25 @@ TEST(EnginePeers, ChunksOfTheWrongLengthOrForNoGrantAreViolations) {
     ASSERT_TRUE(server.ok());
     EXPECT_EQ(server.Run({std::string("ROGUE_MODE=") + mode}), 0) << mode;
     EXPECT_TRUE(log.WaitFor(std::string("the peer broke the protocol (") + rule + ")", 5000))
+        << mode << ": " << log.Text();
+    EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << mode;
+  }
+}
+
+// The grant rules, as the writer checks them: the engine announces a
+// 100,000-byte message to the rogue, which answers with a grant that does
+// not start where the message's next bytes are, or one that reaches past
+// its end; each logged and counted, that connection closed, the write
+// failed rather than anything written where it was not asked.
+TEST(EnginePeers, GrantsOutOfOrderOrOutOfBoundsAreViolations) {
+  for (const char* mode : {"grant_out_of_order", "grant_out_of_bounds"}) {
+    StderrCapture log;
+    RogueServer server(Options{}, 100000);
+    ASSERT_TRUE(server.ok());
+    EXPECT_EQ(server.Run({std::string("ROGUE_MODE=") + mode}), 0)
+        << mode << ": 13 is no announcement from the engine";
+    EXPECT_TRUE(log.WaitFor("the peer broke the protocol (grant out of order or out of bounds)",
+                            5000))
         << mode << ": " << log.Text();
     EXPECT_EQ(server.WaitForErrors(1, 5000), 1u) << mode;
   }
