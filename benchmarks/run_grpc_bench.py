@@ -22,6 +22,12 @@ idle-priority spinner per CPU for the whole run, so that idle vCPUs do not
 halt and wake slowly (as hosts tuned for RDMA run with deep C-states off);
 the table says which mode it used and the load average around it.
 
+Every process runs with glibc's malloc thresholds raised as the plugin's
+TF_RDMA_MALLOC_TUNE raises them in the RDMA processes (GLIBC_TUNABLES), so
+the ratios compare transports; --glibc-malloc-defaults leaves TCP and
+in-process at glibc's defaults instead (what a user who adds the plugin to
+an untuned process gets).
+
 Writes results.json, results.md (the table, with ratios) and PNG plots into
 --out, and prints the table.
 """
@@ -37,6 +43,8 @@ import time
 LATENCY_SIZES = [1, 64, 1024, 8192, 16384, 65536, 262144, 1048576, 4194304]
 STREAM_SIZES = [65536, 4194304]
 TRANSPORTS = ["tcp", "rdma", "inproc"]
+# glibc's malloc as TF_RDMA_MALLOC_TUNE leaves it (src/config/malloc_tune.h).
+MALLOC_TUNED = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
 
 
 def log(msg):
@@ -56,8 +64,13 @@ class Runner:
         self.tmp = tempfile.mkdtemp(prefix="grpc_bench.")
         self.env = dict(os.environ, SOFTVERBS_DEVICES="mlx5_0:127.0.0.1")
         for k in list(self.env):
-            if k.startswith("TF_RDMA_") or k == "LD_PRELOAD":
+            if k.startswith("TF_RDMA_") or k == "LD_PRELOAD" or k == "GLIBC_TUNABLES":
                 del self.env[k]
+        if not args.glibc_malloc_defaults:
+            # The thresholds TF_RDMA_MALLOC_TUNE sets in the RDMA processes,
+            # for every process: the ratios then compare transports, not
+            # allocators (the plugin leaves a process's own setting alone).
+            self.env["GLIBC_TUNABLES"] = MALLOC_TUNED
 
     def prefix(self, transport, role):
         if transport != "rdma":
@@ -286,7 +299,12 @@ def conditions(meta):
             else "idle vCPUs free to halt (default; --keep-awake keeps them busy)")
     la = meta.get("loadavg_before"), meta.get("loadavg_after")
     load = (f"; 1-minute load average {la[0]:.2f} before, {la[1]:.2f} after" if None not in la else "")
-    return f"Conditions: {meta.get('cpus', '?')} CPUs, {mode}{load}."
+    malloc = ("glibc's malloc defaults in TCP and in-process, the plugin's tuning "
+              "(TF_RDMA_MALLOC_TUNE) in RDMA: what a user who adds the plugin gets "
+              "(--glibc-malloc-defaults)" if meta.get("glibc_malloc_defaults")
+              else "malloc thresholds raised in every process as TF_RDMA_MALLOC_TUNE raises "
+              "them in RDMA's, so ratios compare transports")
+    return f"Conditions: {meta.get('cpus', '?')} CPUs, {mode}{load}; {malloc}."
 
 
 def table(rows, reps, meta=None):
@@ -392,6 +410,10 @@ def main():
     ap.add_argument("--no-ps", action="store_true", help="leave out the parameter-server workloads")
     ap.add_argument("--keep-awake", action="store_true",
                     help="run an idle-priority spinner per CPU so idle vCPUs do not halt")
+    ap.add_argument("--glibc-malloc-defaults", action="store_true",
+                    help="leave glibc's malloc at its defaults in the TCP and in-process runs "
+                         "(the RDMA ones keep the plugin's TF_RDMA_MALLOC_TUNE); by default "
+                         "every run gets the plugin's thresholds")
 
     def sizes(text):
         try:
@@ -411,7 +433,8 @@ def main():
     out_dir = a.out or os.path.join(a.build, "bench-results")
     os.makedirs(out_dir, exist_ok=True)
     r = Runner(a)
-    meta = {"cpus": os.cpu_count(), "keep_awake": a.keep_awake, "loadavg_before": os.getloadavg()[0]}
+    meta = {"cpus": os.cpu_count(), "keep_awake": a.keep_awake,
+            "glibc_malloc_defaults": a.glibc_malloc_defaults, "loadavg_before": os.getloadavg()[0]}
     results = r.run()
     meta["loadavg_after"] = os.getloadavg()[0]
     rows = summarize(results, a.clients, a.latency_sizes, a.stream_sizes)

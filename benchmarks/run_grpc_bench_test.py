@@ -57,6 +57,9 @@ def check_summary():
                                                        "loadavg_before": 0.5, "loadavg_after": 1.0})
     check("idle-priority spinners" in md and "0.50 before, 1.00 after" in md,
           f"the table says its conditions: {md[:400]!r}")
+    check("malloc thresholds raised in every process" in md, f"and the allocator's: {md[:500]!r}")
+    md = rb.table(rb.summarize(res, 2, [64], []), 3, {"cpus": 2, "glibc_malloc_defaults": True})
+    check("glibc's malloc defaults in TCP" in md, f"--glibc-malloc-defaults said: {md[:500]!r}")
     # --keep-awake's spinners run at idle priority, one per CPU.
     r = rb.Runner.__new__(rb.Runner)
     spinners = r.start_spinners()

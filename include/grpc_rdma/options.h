@@ -84,6 +84,12 @@ struct Options {
   // process runs (0, the default: at exit only), to TF_RDMA_STATS, or to
   // stderr when that is unset. A file is replaced whole each time.
   int stats_interval_s = 0;
+  // TF_RDMA_MALLOC_TUNE: raise glibc malloc's mmap and trim thresholds at
+  // install, as MPI libraries over RDMA do, so the large buffers gRPC
+  // allocates for each message are reused instead of being mapped, faulted
+  // in and given back every time (said in the log; left alone when the
+  // process set glibc's malloc tunables itself or runs another malloc).
+  bool malloc_tune = true;
 };
 
 }  // namespace grpc_rdma

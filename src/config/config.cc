@@ -264,6 +264,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   p.Int("TF_RDMA_FALLBACK_TTL_S", 0, 86400, &o.fallback_ttl_s, "seconds");
   p.Destination("TF_RDMA_STATS", &o.stats_dump);
   p.Int("TF_RDMA_STATS_INTERVAL_S", 0, 86400, &o.stats_interval_s, "seconds");
+  p.Bool("TF_RDMA_MALLOC_TUNE", &o.malloc_tune);
   absl::Status s = p.Result();
   if (!s.ok()) return s;  // relations between bad values would only add noise
   uint64_t framing = 0;
@@ -326,6 +327,7 @@ std::string DescribeOptions(const Options& o) {
                       " grant_timeout_ms=", o.grant_timeout_ms,
                       " fallback=", o.fallback == Fallback::kTcp ? "tcp" : "none",
                       " fallback_ttl_s=", o.fallback_ttl_s,
+                      " malloc_tune=", o.malloc_tune ? "true" : "false",
                       o.port > 0 ? absl::StrCat(" port=", o.port) : "",
                       o.gid_index >= 0 ? absl::StrCat(" gid_index=", o.gid_index) : "",
                       o.tos >= 0 ? absl::StrCat(" tos=", o.tos) : "");

@@ -1,6 +1,9 @@
 #include "config/config.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
+
+#include "config/malloc_tune.h"
 
 #include <map>
 
@@ -34,6 +37,63 @@ TEST(Options, DefaultsAreRdmaTensorFlows) {
   EXPECT_EQ(o->fallback, Fallback::kTcp);
   EXPECT_EQ(o->stats_dump, "");
   EXPECT_EQ(o->stats_interval_s, 0);
+  EXPECT_TRUE(o->malloc_tune);
+}
+
+// TF_RDMA_MALLOC_TUNE: tunes glibc's malloc unless turned off, unless the
+// process chose its own malloc settings, unless malloc is not glibc's; and
+// says which, except when turned off.
+TEST(MallocTune, PlanFollowsTheSettingTheEnvironmentAndTheMalloc) {
+  auto off = ParseOptions(Env({{"TF_RDMA_MALLOC_TUNE", "false"}}));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->malloc_tune);
+  MallocPlan p = PlanMalloc(*off, Env({}), true);
+  EXPECT_FALSE(p.tune);
+  EXPECT_EQ(p.say, "");
+  Options on;
+  p = PlanMalloc(on, Env({}), true);
+  EXPECT_TRUE(p.tune);
+  EXPECT_NE(p.say.find("mmap 32 MiB, trim 256 MiB"), std::string::npos) << p.say;
+  EXPECT_NE(p.say.find("TF_RDMA_MALLOC_TUNE=false"), std::string::npos) << p.say;
+  for (auto [name, value] : {std::pair<const char*, const char*>{
+                                 "GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1"},
+                             {"GLIBC_TUNABLES", "glibc.rtld.x=1:glibc.malloc.mmap_max=0"},
+                             {"MALLOC_MMAP_THRESHOLD_", "65536"},
+                             {"MALLOC_TRIM_THRESHOLD_", "0"},
+                             {"MALLOC_TOP_PAD_", "0"},
+                             {"MALLOC_MMAP_MAX_", "0"}}) {
+    p = PlanMalloc(on, Env({{name, value}}), true);
+    EXPECT_FALSE(p.tune) << name << "=" << value;
+    EXPECT_NE(p.say.find("left as the process set it"), std::string::npos) << p.say;
+  }
+  p = PlanMalloc(on, Env({{"GLIBC_TUNABLES", "glibc.pthread.rseq=0"}}), true);
+  EXPECT_TRUE(p.tune) << "another tunable is not malloc's";
+  p = PlanMalloc(on, Env({}), false);
+  EXPECT_FALSE(p.tune);
+  EXPECT_NE(p.say.find("not glibc's"), std::string::npos) << p.say;
+  EXPECT_NE(ParseOptions(Env({{"TF_RDMA_MALLOC_TUNE", "sometimes"}})).status().message().find(
+                "TF_RDMA_MALLOC_TUNE='sometimes'"),
+            std::string::npos);
+}
+
+// Carried out: glibc's mmap threshold is seen in whether a block of 8 MiB
+// is mapped (mallinfo2's hblkhd): glibc's default, 128 KiB rising with
+// use, maps a first 8 MiB block; raised to 32 MiB, it comes from the heap.
+// Under a sanitizer, whose malloc is not glibc's, nothing is done.
+TEST(MallocTune, RaisesGlibcsThresholds) {
+  MallocPlan p = TuneMalloc(Options{});
+  if (!GlibcMallocInUse()) {  // a sanitizer's build: its malloc is left alone
+    EXPECT_FALSE(p.tune);
+    EXPECT_NE(p.say.find("not glibc's"), std::string::npos) << p.say;
+    return;
+  }
+  struct mallinfo2 before = mallinfo2();
+  ASSERT_TRUE(p.tune) << p.say;
+  EXPECT_EQ(p.say.find("refused"), std::string::npos) << p.say;
+  void* block = malloc(8 << 20);
+  struct mallinfo2 during = mallinfo2();
+  EXPECT_EQ(during.hblkhd, before.hblkhd) << "an 8 MiB block was mapped: threshold not raised";
+  free(block);
 }
 
 // Every size the library prints (FormatBytes: "4 MiB", as its messages

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
+#include "config/malloc_tune.h"
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
@@ -264,6 +265,8 @@ absl::Status Install(const Options& options) {
     StartPeriodicDumps(options.stats_interval_s, DumpDestination(options));
   }
   SayIfAnotherGrpc();
+  MallocPlan m = TuneMalloc(options);
+  if (!m.say.empty()) gpr_log(GPR_INFO, "grpc_rdma: %s", m.say.c_str());
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "config/malloc_tune.h"
 #include "engine/engine.h"
 #include "grpc_rdma/version.h"
 #include "verbs/verbs.h"
@@ -150,6 +151,19 @@ int Main(int argc, char** argv) {
     } else {
       printf("stats: to %s at exit\n", where.c_str());
     }
+  }
+  if (o->enabled) {
+    // The plan for a process started with this environment (this tool's
+    // own malloc is the process's, so glibc's unless preloaded otherwise).
+    MallocPlan m = PlanMalloc(
+        *o,
+        [](const char* name) -> std::optional<std::string> {
+          const char* v = getenv(name);
+          if (v == nullptr) return std::nullopt;
+          return std::string(v);
+        },
+        GlibcMallocInUse());
+    if (!m.say.empty()) printf("%s\n", m.say.c_str());
   }
   if (!o->enabled) {
     printf("TF_RDMA_ENABLED=false: grpc-rdma leaves gRPC alone (TCP)\n");

@@ -61,6 +61,13 @@ case_ absent-device 1 "RDMA is off, gRPC would use TCP: TF_RDMA_DEV_NAME=mlx5_9:
   -- env TF_RDMA_DEV_NAME=mlx5_9 "$run" "$info"
 case_ no-softverbs 1 "RDMA devices: 0" "RDMA is off, gRPC would use TCP" -- "$info"
 case_ bad-usage 3 "unknown argument '--bogus'" -- "$run" "$info" --bogus
+# TF_RDMA_MALLOC_TUNE: said either way (glibc's malloc tuned, or, in a
+# sanitizer's build, not glibc's), and never over the process's own choice.
+case_ malloc-default 0 "malloc_tune=true" "malloc: " -- "$run" "$info"
+case_ malloc-own 0 "malloc: left as the process set it" -- \
+  env GLIBC_TUNABLES=glibc.malloc.trim_threshold=0 "$run" "$info"
+case_ malloc-off 0 "malloc_tune=false" -- env TF_RDMA_MALLOC_TUNE=false "$run" "$info"
+case_ malloc-bad 1 "TF_RDMA_MALLOC_TUNE='sometimes'" -- env TF_RDMA_MALLOC_TUNE=sometimes "$run" "$info"
 
 # serve NAME PLUGIN(0|1): echo_tool serve on 127.0.0.1, its port in PORT.
 serve() {

@@ -1,0 +1,67 @@
+// File: src/config/malloc_tune.cc
+#include "config/malloc_tune.h"
+
+#include <dlfcn.h>
+#include <malloc.h>
+#include <stdlib.h>
+
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+
+namespace grpc_rdma {
+
+MallocPlan PlanMalloc(const Options& o,
+                      const std::function<std::optional<std::string>(const char*)>& env,
+                      bool glibc_malloc) {
+  MallocPlan p;
+  if (!o.malloc_tune) return p;
+  std::optional<std::string> tunables = env("GLIBC_TUNABLES");
+  const bool own = (tunables && tunables->find("glibc.malloc.") != std::string::npos) ||
+                   env("MALLOC_MMAP_THRESHOLD_") || env("MALLOC_TRIM_THRESHOLD_") ||
+                   env("MALLOC_TOP_PAD_") || env("MALLOC_MMAP_MAX_");
+  if (own) {
+    p.say = "malloc: left as the process set it (GLIBC_TUNABLES or MALLOC_*_ variables)";
+  } else if (!glibc_malloc) {
+    p.say = "malloc: not glibc's (tcmalloc, jemalloc or a sanitizer's), left alone";
+  } else {
+    p.tune = true;
+    p.say = absl::StrCat(
+        "malloc: glibc's thresholds raised (mmap ", kMallocMmapThreshold >> 20, " MiB, trim ",
+        kMallocTrimThreshold >> 20,
+        " MiB): large freed blocks are reused, not given back to the kernel each time "
+        "(TF_RDMA_MALLOC_TUNE=false keeps glibc's defaults)");
+  }
+  return p;
+}
+
+bool GlibcMallocInUse() {
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  if (libc == nullptr) return false;
+  void* glibc_malloc = dlsym(libc, "malloc");
+  dlclose(libc);
+  return glibc_malloc != nullptr && glibc_malloc == dlsym(RTLD_DEFAULT, "malloc");
+}
+
+MallocPlan TuneMalloc(const Options& o) {
+  MallocPlan p = PlanMalloc(
+      o,
+      [](const char* name) -> std::optional<std::string> {
+        const char* v = getenv(name);
+        if (v == nullptr) return std::nullopt;
+        return std::string(v);
+      },
+      GlibcMallocInUse());
+  if (p.tune) {
+    static std::once_flag once;
+    std::call_once(once, [&p] {
+      if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMallocMmapThreshold)) != 1 ||
+          mallopt(M_TRIM_THRESHOLD, static_cast<int>(kMallocTrimThreshold)) != 1) {
+        p.say = "malloc: glibc refused the thresholds (mallopt); left at its defaults";
+      }
+    });
+  }
+  return p;
+}
+
+}  // namespace grpc_rdma
