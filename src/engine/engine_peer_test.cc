@@ -16,11 +16,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "engine/engine.h"
 #include "engine/testing.h"
 #include "engine/wire.h"
@@ -173,6 +178,150 @@ TEST(EnginePeers, ManyConnectionsAtOnce) {
     EXPECT_TRUE(d->data == payload);
   }
   EXPECT_EQ(written.load(), kConns);
+  se->reset();
+  ce->reset();
+}
+
+// What a process holds, for the storm test below.
+struct Holdings {
+  int fds = 0, threads = 0, shm_segments = 0;
+  uint64_t pinned = 0;
+  bool operator==(const Holdings& o) const {
+    return fds == o.fds && threads == o.threads && shm_segments == o.shm_segments &&
+           pinned == o.pinned;
+  }
+  std::string Text() const {
+    return absl::StrCat(fds, " descriptors, ", threads, " threads, ", shm_segments,
+                        " shared-memory segments, ", pinned, " bytes pinned");
+  }
+};
+int CountDir(const char* dir, const std::string& prefix) {
+  int n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.' && std::string(e->d_name).rfind(prefix, 0) == 0) ++n;
+    closedir(d);
+  }
+  return n;
+}
+Holdings HoldingsNow(Engine& a, Engine& b) {
+  Holdings h;
+  h.fds = CountDir("/proc/self/fd", "");
+  h.threads = CountDir("/proc/self/task", "");
+  h.shm_segments = CountDir("/dev/shm", absl::StrCat("softverbs-", getpid(), "-"));
+  h.pinned = a.pinned_bytes() + b.pinned_bytes();
+  return h;
+}
+int EnvInt(const char* name, int dflt) {
+  const char* v = getenv(name);
+  return v != nullptr && *v != '\0' ? atoi(v) : dflt;
+}
+
+// Connection storms leave nothing behind: after STORM_CYCLES (500)
+// cycles of connect, a message each way and close, then STORM_AT_ONCE
+// (100) connections opened together, used and closed, the process holds
+// the descriptors, threads and pinned memory it held after its first
+// connection, and softverbs' shared-memory segments are all gone (a leak
+// of one descriptor or one buffer per connection shows as hundreds).
+// Larger runs: STORM_CYCLES=10000 STORM_AT_ONCE=1000 (docs/reliability.md).
+TEST(EnginePeers, ConnectionStormsLeaveNothingBehind) {
+  const int cycles = EnvInt("STORM_CYCLES", 500), at_once = EnvInt("STORM_AT_ONCE", 100);
+  rlimit nofile{};
+  getrlimit(RLIMIT_NOFILE, &nofile);
+  nofile.rlim_cur = nofile.rlim_max;  // ~12 descriptors per connection pair
+  setrlimit(RLIMIT_NOFILE, &nofile);
+  Options o;
+  o.eager_depth = 8;  // 1,000 connections' receive buffers fit the default budget
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  ASSERT_TRUE(se.ok() && ce.ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Connection>> accepted;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    std::lock_guard<std::mutex> l(mu);
+    accepted.push_back(std::move(c));
+    cv.notify_all();
+  });
+  ASSERT_TRUE(port.ok());
+  // Opens n connections together; both ends of each, or empty on failure.
+  auto open = [&](int n) {
+    std::vector<std::pair<std::shared_ptr<Connection>, std::shared_ptr<Connection>>> pairs;
+    std::vector<std::promise<absl::StatusOr<std::shared_ptr<Connection>>>> ps(n);
+    for (int i = 0; i < n; ++i)
+      (*ce)->Connect(Loopback(*port), 10000, [&ps, i](auto r) { ps[i].set_value(std::move(r)); });
+    for (int i = 0; i < n; ++i) {
+      auto r = ps[i].get_future().get();
+      if (!r.ok()) {
+        ADD_FAILURE() << "connection " << i << " of " << n << ": " << r.status();
+        return decltype(pairs){};
+      }
+      pairs.push_back({*r, nullptr});
+    }
+    std::unique_lock<std::mutex> l(mu);
+    if (!cv.wait_for(l, std::chrono::seconds(30), [&] { return accepted.size() >= size_t(n); })) {
+      ADD_FAILURE() << accepted.size() << " of " << n << " accepted";
+      return decltype(pairs){};
+    }
+    // Accepted in any order: pair them by a message's content below.
+    for (int i = 0; i < n; ++i) {
+      pairs[i].second = accepted.front();
+      accepted.pop_front();
+    }
+    return pairs;
+  };
+  // A message from each client end; every server end gets one whole.
+  auto use_and_close = [&](auto& pairs) {
+    std::string hello = Pattern(100, 8);
+    std::vector<std::unique_ptr<Drain>> drains;
+    for (auto& [c, s] : pairs) drains.push_back(std::make_unique<Drain>(s, hello.size()));
+    for (auto& [c, s] : pairs) {
+      iovec v{hello.data(), hello.size()};
+      c->Write({v}, [](absl::Status) {});
+    }
+    bool ok = true;
+    for (auto& d : drains) {
+      ok &= d->done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+      std::lock_guard<std::mutex> l(d->mu);
+      ok &= d->data == hello;
+      d->finished = true;
+    }
+    for (auto& [c, s] : pairs) {
+      c->Shutdown(absl::CancelledError("storm"));
+      s->Shutdown(absl::CancelledError("storm"));
+    }
+    pairs.clear();
+    return ok;
+  };
+  auto settled = [&](const Holdings& want) {
+    Holdings now;
+    for (int i = 0; i < 1000; ++i) {  // closes finish on the pollers and softverbs' agent
+      now = HoldingsNow(**se, **ce);
+      if (now == want) return now;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return now;
+  };
+  auto first = open(1);
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_TRUE(use_and_close(first));
+  const Holdings base = settled(HoldingsNow(**se, **ce));
+  for (int i = 0; i < cycles; ++i) {
+    auto one = open(1);
+    ASSERT_EQ(one.size(), 1u) << "cycle " << i;
+    ASSERT_TRUE(use_and_close(one)) << "cycle " << i;
+  }
+  Holdings after = settled(base);
+  EXPECT_EQ(after, base) << "after " << cycles << " cycles: " << after.Text() << "; before: "
+                         << base.Text();
+  auto many = open(at_once);
+  ASSERT_EQ(many.size(), static_cast<size_t>(at_once));
+  Holdings open_now = HoldingsNow(**se, **ce);
+  EXPECT_GT(open_now.fds, base.fds + at_once) << "the connections were open together";
+  ASSERT_TRUE(use_and_close(many));
+  after = settled(base);
+  EXPECT_EQ(after, base) << "after " << at_once << " at once: " << after.Text() << "; before: "
+                         << base.Text();
   se->reset();
   ce->reset();
 }

@@ -361,8 +361,12 @@ class Runtime {
   std::map<uint32_t, Qp*> qps;
   uint32_t AllocKey();
   // Allocates a QP number; the upper 16 bits are the TCP port of the QP
-  // listener that peers connect to.
+  // listener that peers connect to (256 numbers per listener).
   uint32_t AllocQpn(Device* dev);
+  // The QP with this number is gone: a listener whose numbers are all given
+  // out and whose QPs are all gone is closed (else a process that makes
+  // and destroys QPs would keep one more socket per 256 of them).
+  void ReleaseQpn(Device* dev, uint32_t qpn);
 
   Device* DeviceForAddr(in_addr a);   // bound to exactly a
   Device* DeviceForRoute(in_addr dst);  // the one that reaches dst
@@ -392,6 +396,7 @@ class Runtime {
   std::vector<Link*> links;  // guarded by mu
   std::vector<std::vector<int>> qp_listeners;  // per device: listen fds
   std::map<int, uint16_t> listener_port;       // listen fd -> port
+  std::map<int, int> listener_live;            // listen fd -> its QPs not destroyed
   std::vector<uint32_t> qpn_next;              // per device: next slot
 
   uint64_t boot_hash = 0, netns = 0;
@@ -410,6 +415,7 @@ class Runtime {
  private:
   Runtime();
   void AgentMain();
+  void CloseQpListener(Device* dev, size_t i);  // the i-th of dev's QP listeners
   int epfd_ = -1;
   int wake_fd_ = -1;
   std::map<int, EpollTag*> tags_;            // guarded by mu (wake tag: agent only)

@@ -118,6 +118,8 @@ uint32_t Runtime::AllocQpn(Device* dev) {
   uint32_t& slot = qpn_next[dev->index];
   auto& ls = qp_listeners[dev->index];
   if (slot >= 256) {
+    // The listener whose numbers ran out goes too if its QPs are gone.
+    if (!ls.empty() && listener_live[ls.back()] == 0) CloseQpListener(dev, ls.size() - 1);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return 0;
     sockaddr_in a{};
@@ -138,7 +140,29 @@ uint32_t Runtime::AllocQpn(Device* dev) {
     slot = 0;
   }
   uint16_t port = listener_port[ls.back()];
+  ++listener_live[ls.back()];
   return (static_cast<uint32_t>(port) << 8) | slot++;
+}
+
+void Runtime::ReleaseQpn(Device* dev, uint32_t qpn) {
+  auto& ls = qp_listeners[dev->index];
+  const auto port = static_cast<uint16_t>(qpn >> 8);
+  for (size_t i = 0; i < ls.size(); ++i) {
+    if (listener_port[ls[i]] != port) continue;
+    // The newest listener still gives out numbers: it stays.
+    if (--listener_live[ls[i]] == 0 && i + 1 < ls.size()) CloseQpListener(dev, i);
+    return;
+  }
+}
+
+void Runtime::CloseQpListener(Device* dev, size_t i) {
+  auto& ls = qp_listeners[dev->index];
+  int fd = ls[i];
+  Unwatch(fd);
+  close(fd);
+  listener_port.erase(fd);
+  listener_live.erase(fd);
+  ls.erase(ls.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 Device* Runtime::DeviceForAddr(in_addr a) {

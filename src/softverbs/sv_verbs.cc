@@ -521,6 +521,7 @@ int ibv_destroy_qp(ibv_qp* ibqp) {
   {
     std::lock_guard<std::mutex> g(Rt().mu);
     Rt().qps.erase(qp->qp.qp_num);
+    Rt().ReleaseQpn(qp->device, qp->qp.qp_num);
     for (Cq* cq : {qp->scq, qp->rcq}) {
       auto& v = cq->qps;
       v.erase(std::remove(v.begin(), v.end(), qp), v.end());

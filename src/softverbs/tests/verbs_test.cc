@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -201,6 +203,48 @@ TEST_F(VerbsTest, UnsignaledSendsMakeNoCompletion) {
   auto tx = PollN(a_.cq, 4, 300);
   ASSERT_EQ(tx.size(), 1u);
   EXPECT_EQ(tx[0].wr_id, 9u);
+}
+
+// QP numbers come 256 to a listening socket; a listener whose numbers are
+// all given out and whose QPs are all gone is closed: a process that makes
+// and destroys QPs all day keeps no more sockets than it started with (it
+// kept one more per 256 QPs).
+TEST(Verbs, QpListenersGoWithTheirQps) {
+  auto fds = [] {
+    int n = 0;
+    if (DIR* d = opendir("/proc/self/fd")) {
+      while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+      closedir(d);
+    }
+    return n;
+  };
+  // A device of its own and no connected QPs: nothing else opens sockets.
+  ibv_context* ctx = OpenDevice();
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ibv_cq* cq = ibv_create_cq(ctx, 16, nullptr, nullptr, 0);
+  ASSERT_TRUE(pd != nullptr && cq != nullptr);
+  ibv_qp_init_attr qa{};
+  qa.send_cq = qa.recv_cq = cq;
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+  ibv_qp* kept = ibv_create_qp(pd, &qa);  // its listener stays: it has a QP
+  ASSERT_NE(kept, nullptr);
+  const int before = fds();
+  std::set<uint32_t> listeners;  // the ports in the QP numbers
+  for (int i = 0; i < 1000; ++i) {
+    ibv_qp* qp = ibv_create_qp(pd, &qa);
+    ASSERT_NE(qp, nullptr) << i << ": " << strerror(errno);
+    listeners.insert(qp->qp_num >> 8);
+    ASSERT_EQ(ibv_destroy_qp(qp), 0);
+  }
+  EXPECT_GE(listeners.size(), 3u) << "1,000 QPs took several listeners";
+  EXPECT_LE(fds(), before + 1) << "at most the listener giving out numbers now";
+  ibv_destroy_qp(kept);
+  ibv_destroy_cq(cq);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
 }
 
 TEST_F(VerbsTest, SendQueueFullIsEnomem) {
