@@ -87,6 +87,10 @@ TEST(MallocTune, RaisesGlibcsThresholds) {
     EXPECT_NE(p.say.find("not glibc's"), std::string::npos) << p.say;
     return;
   }
+  if (p.say.find("left as the process set it") != std::string::npos) {  // malloc variables set
+    EXPECT_FALSE(p.tune);
+    return;
+  }
   struct mallinfo2 before = mallinfo2();
   ASSERT_TRUE(p.tune) << p.say;
   EXPECT_EQ(p.say.find("refused"), std::string::npos) << p.say;

@@ -5,8 +5,6 @@
 #include <malloc.h>
 #include <stdlib.h>
 
-#include <mutex>
-
 #include "absl/strings/str_cat.h"
 
 namespace grpc_rdma {
@@ -53,13 +51,18 @@ MallocPlan TuneMalloc(const Options& o) {
       },
       GlibcMallocInUse());
   if (p.tune) {
-    static std::once_flag once;
-    std::call_once(once, [&p] {
-      if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMallocMmapThreshold)) != 1 ||
-          mallopt(M_TRIM_THRESHOLD, static_cast<int>(kMallocTrimThreshold)) != 1) {
-        p.say = "malloc: glibc refused the thresholds (mallopt); left at its defaults";
-      }
-    });
+    // Once per process; every later call reports what that one did.
+    static const std::string* refused = [] {
+      bool mmap_ok = mallopt(M_MMAP_THRESHOLD, static_cast<int>(kMallocMmapThreshold)) == 1;
+      bool trim_ok = mallopt(M_TRIM_THRESHOLD, static_cast<int>(kMallocTrimThreshold)) == 1;
+      if (mmap_ok && trim_ok) return static_cast<std::string*>(nullptr);
+      return new std::string(absl::StrCat("malloc: glibc refused ",
+                                          mmap_ok ? "" : "the mmap threshold",
+                                          !mmap_ok && !trim_ok ? " and " : "",
+                                          trim_ok ? "" : "the trim threshold",
+                                          " (mallopt); those stay at its defaults"));
+    }();
+    if (refused != nullptr) p.say = *refused;
   }
   return p;
 }

@@ -7,7 +7,10 @@
 // libraries over RDMA tune it with mallopt. It helps TCP as much as RDMA in
 // the same process (docs/performance.md). Never done silently: the plan is
 // one line for the log (and grpc_rdma_info), and it is left alone when the
-// process chose its own malloc settings or runs another malloc.
+// process set malloc's environment variables (GLIBC_TUNABLES' malloc
+// tunables, MALLOC_*_) or runs another malloc. A program's own mallopt
+// calls are not seen: made before the plugin installs, they are overridden;
+// made after, they win.
 #ifndef GRPC_RDMA_SRC_CONFIG_MALLOC_TUNE_H_
 #define GRPC_RDMA_SRC_CONFIG_MALLOC_TUNE_H_
 

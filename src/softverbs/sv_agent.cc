@@ -171,13 +171,20 @@ void Runtime::AgentMain() {
         slept = true;
       }
     }
-    int n;
-    if (slept && first_due != 0) {
+    int n = -1;
+    // epoll_pwait2 is Linux 5.11 and later, and a container's seccomp
+    // profile may refuse it: then whole milliseconds, as before.
+    static bool no_pwait2 = false;
+    if (slept && first_due != 0 && !no_pwait2) {
       uint64_t now = NowUs();
       uint64_t us = std::min<uint64_t>(first_due > now ? first_due - now : 0,
                                        static_cast<uint64_t>(timeout_ms) * 1000);
       timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
       n = epoll_pwait2(epfd_, evs, 64, &ts, nullptr);
+      if (n < 0 && (errno == ENOSYS || errno == EPERM)) {
+        no_pwait2 = true;
+        n = epoll_wait(epfd_, evs, 64, timeout_ms);
+      }
     } else {
       n = epoll_wait(epfd_, evs, 64, timeout_ms);
     }

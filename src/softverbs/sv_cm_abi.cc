@@ -356,7 +356,7 @@ int rdma_create_qp(rdma_cm_id* cid, ibv_pd* pd, ibv_qp_init_attr* attr) {
   q->access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   q->qp.state = IBV_QPS_INIT;
   id->id.qp = qp;
-  id->local_qpn = qp->qp_num;
+  SetLocalQp(id, qp->qp_num);
   id->owns_cqs = made_cqs || id->owns_cqs;
   return 0;
 }
@@ -374,6 +374,7 @@ void rdma_destroy_qp(rdma_cm_id* cid) {
   if (id->id.qp != nullptr) ibv_destroy_qp(id->id.qp);
   id->id.qp = nullptr;
   id->local_qpn = 0;
+  id->local_serial = 0;
   if (id->owns_cqs) {
     ibv_destroy_cq(id->id.send_cq);
     ibv_destroy_cq(id->id.recv_cq);
@@ -400,7 +401,7 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
     l->deadline_us = NowUs() + kConnectTimeoutUs;
     id->link = l;
     CmReq r{};
-    if (id->local_qpn == 0 && param != nullptr) id->local_qpn = param->qp_num;
+    if (id->local_qpn == 0 && param != nullptr) SetLocalQp(id, param->qp_num);
     Qp* qp = IdQp(id);
     r.qpn = id->local_qpn;
     sockaddr_in s = id->id.route.addr.src_sin;
@@ -460,7 +461,7 @@ int rdma_accept(rdma_cm_id* cid, rdma_conn_param* param) {
     // On IB the REQ's RNR retry count governs what this side sends.
     mine.rnr_retry_count = id->peer.rnr_retry_count;
     mine.retry_count = id->peer.retry_count;
-    if (id->local_qpn == 0 && param != nullptr) id->local_qpn = param->qp_num;
+    if (id->local_qpn == 0 && param != nullptr) SetLocalQp(id, param->qp_num);
     r.qpn = id->local_qpn;
     r.shm_ok = l->shm != nullptr ? 1 : 0;
     ConnectQp(id, mine);

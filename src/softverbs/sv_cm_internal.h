@@ -31,6 +31,7 @@ struct CmId {
   // made its own QP passes to rdma_connect/rdma_accept. Looked up by number,
   // because the application may destroy the QP behind id->qp's back.
   uint32_t local_qpn = 0;
+  uint64_t local_serial = 0;  // that QP's Qp::serial: a number given again is not it
   rdma_conn_param peer{};
   uint64_t deadline_us = 0;
   int unacked = 0;  // events handed out and not yet acked
@@ -131,6 +132,8 @@ void SetSrc(CmId* id, const sockaddr_in& a);
 void SetDst(CmId* id, const sockaddr_in& a);
 void AttachDevice(CmId* id, Device* d);
 Qp* IdQp(CmId* id);  // the id's QP, if it still exists
+// Makes `qpn` (a QP of the application's own, or one the CM made) the id's.
+void SetLocalQp(CmId* id, uint32_t qpn);
 // The address vector of an id's route (RTR's, and a CM-managed QP's).
 ibv_ah_attr CmAddressVector(const CmId* id);
 // Moves a CM-managed QP to RTS against the peer's QPN and binds the link.

@@ -129,7 +129,13 @@ void AttachDevice(CmId* id, Device* d) {
 Qp* IdQp(CmId* id) {
   if (id->local_qpn == 0) return nullptr;
   auto it = Rt().qps.find(id->local_qpn);
-  return it == Rt().qps.end() ? nullptr : it->second;
+  return it == Rt().qps.end() || it->second->serial != id->local_serial ? nullptr : it->second;
+}
+
+void SetLocalQp(CmId* id, uint32_t qpn) {
+  auto it = Rt().qps.find(qpn);
+  id->local_qpn = qpn;
+  id->local_serial = it == Rt().qps.end() ? 0 : it->second->serial;
 }
 
 // The address vector of an id's route: the one rdma_init_qp_attr gives for

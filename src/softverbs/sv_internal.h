@@ -329,6 +329,9 @@ struct Qp {
   uint64_t next_connect_us = 0;
   bool cm_managed = false;
   bool destroyed = false;
+  // Unique in the process, where a QP number may come back (its listener
+  // closed, the port given out again): what holds a number checks this.
+  uint64_t serial = 0;
 };
 
 // -------------------------- sv_runtime.cc, sv_agent.cc: the runtime ---
@@ -397,6 +400,7 @@ class Runtime {
   std::vector<std::vector<int>> qp_listeners;  // per device: listen fds
   std::map<int, uint16_t> listener_port;       // listen fd -> port
   std::map<int, int> listener_live;            // listen fd -> its QPs not destroyed
+  uint64_t qp_serials = 0;                     // the last Qp::serial given
   std::vector<uint32_t> qpn_next;              // per device: next slot
 
   uint64_t boot_hash = 0, netns = 0;
@@ -406,7 +410,7 @@ class Runtime {
   std::atomic<int> agent_waiting{0};
   // Non-zero while the CM has timed work: the agent then sleeps at most a
   // millisecond, and above 1 it is when the first delayed event is due
-  // (NowUs), which the agent meets to the microsecond rather than the
+  // (NowUs), which the agent meets within the timer slack (tens of us) rather than the
   // millisecond (address and route resolution take SOFTVERBS_RESOLVE_US,
   // not up to a millisecond more); 1 is coarse work only (connect
   // deadlines).

@@ -471,6 +471,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
     return nullptr;
   }
   q.handle = q.qp_num;
+  qp->serial = ++Rt().qp_serials;
   Rt().qps[q.qp_num] = qp;
   qp->scq->qps.push_back(qp);
   if (qp->rcq != qp->scq) qp->rcq->qps.push_back(qp);

@@ -241,7 +241,9 @@ TEST(Verbs, QpListenersGoWithTheirQps) {
   }
   EXPECT_GE(listeners.size(), 3u) << "1,000 QPs took several listeners";
   EXPECT_LE(fds(), before + 1) << "at most the listener giving out numbers now";
+  // The first listener's last QP goes: so does that listener.
   ibv_destroy_qp(kept);
+  EXPECT_LE(fds(), before) << "the kept QP's listener stayed after it";
   ibv_destroy_cq(cq);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
