@@ -3,15 +3,12 @@
 
 #include <dlfcn.h>
 #include <malloc.h>
-#include <stdlib.h>
 
 #include "absl/strings/str_cat.h"
 
 namespace grpc_rdma {
 
-MallocPlan PlanMalloc(const Options& o,
-                      const std::function<std::optional<std::string>(const char*)>& env,
-                      bool glibc_malloc) {
+MallocPlan PlanMalloc(const Options& o, const EnvLookup& env, bool glibc_malloc) {
   MallocPlan p;
   if (!o.malloc_tune) return p;
   std::optional<std::string> tunables = env("GLIBC_TUNABLES");
@@ -41,15 +38,12 @@ bool GlibcMallocInUse() {
   return glibc_malloc != nullptr && glibc_malloc == dlsym(RTLD_DEFAULT, "malloc");
 }
 
+MallocPlan PlanMalloc(const Options& o) {
+  return PlanMalloc(o, ProcessEnvironment(), GlibcMallocInUse());
+}
+
 MallocPlan TuneMalloc(const Options& o) {
-  MallocPlan p = PlanMalloc(
-      o,
-      [](const char* name) -> std::optional<std::string> {
-        const char* v = getenv(name);
-        if (v == nullptr) return std::nullopt;
-        return std::string(v);
-      },
-      GlibcMallocInUse());
+  MallocPlan p = PlanMalloc(o);
   if (p.tune) {
     // Once per process; every later call reports what that one did.
     static const std::string* refused = [] {

@@ -15,10 +15,9 @@
 #define GRPC_RDMA_SRC_CONFIG_MALLOC_TUNE_H_
 
 #include <cstddef>
-#include <functional>
-#include <optional>
 #include <string>
 
+#include "config/config.h"
 #include "grpc_rdma/options.h"
 
 namespace grpc_rdma {
@@ -36,16 +35,15 @@ struct MallocPlan {
 // What TF_RDMA_MALLOC_TUNE does in this process. `env` reads the
 // environment (GLIBC_TUNABLES, MALLOC_*_); `glibc_malloc` says whether the
 // process's malloc is glibc's.
-MallocPlan PlanMalloc(const Options& o,
-                      const std::function<std::optional<std::string>(const char*)>& env,
-                      bool glibc_malloc);
+MallocPlan PlanMalloc(const Options& o, const EnvLookup& env, bool glibc_malloc);
+// The same for this process: its environment and its malloc.
+MallocPlan PlanMalloc(const Options& o);
 
 // Whether malloc, as the process resolves it, is glibc's (not tcmalloc,
 // jemalloc or a sanitizer's).
 bool GlibcMallocInUse();
 
-// Plans from the process's environment and carries the plan out (once per
-// process); returns it.
+// Carries out this process's plan (once per process); returns it.
 MallocPlan TuneMalloc(const Options& o);
 
 }  // namespace grpc_rdma

@@ -166,7 +166,8 @@ Engine* Runtime::engine() {
   std::lock_guard<std::mutex> g(mu_);
   if (!tried_) {
     tried_ = true;
-    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(EngineOptions(options_), SliceChunkMemory());
+    absl::StatusOr<std::unique_ptr<Engine>> e =
+        Engine::Create(EngineOptions(options_), SliceChunkMemory());
     if (e.ok()) {
       engine_ = std::move(*e);
       GRPC_RDMA_TRACE("engine up: %s", DescribeOptions(engine_->options()).c_str());

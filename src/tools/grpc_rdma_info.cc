@@ -152,23 +152,14 @@ int Main(int argc, char** argv) {
       printf("stats: to %s at exit\n", where.c_str());
     }
   }
-  if (o->enabled) {
-    // The plan for a process started with this environment (this tool's
-    // own malloc is the process's, so glibc's unless preloaded otherwise).
-    MallocPlan m = PlanMalloc(
-        *o,
-        [](const char* name) -> std::optional<std::string> {
-          const char* v = getenv(name);
-          if (v == nullptr) return std::nullopt;
-          return std::string(v);
-        },
-        GlibcMallocInUse());
-    if (!m.say.empty()) printf("%s\n", m.say.c_str());
-  }
   if (!o->enabled) {
     printf("TF_RDMA_ENABLED=false: grpc-rdma leaves gRPC alone (TCP)\n");
     return probe.empty() ? 0 : 2;
   }
+  // The plan for a process started with this environment (this tool's own
+  // malloc is the process's, so glibc's unless preloaded otherwise).
+  MallocPlan m = PlanMalloc(*o);
+  if (!m.say.empty()) printf("%s\n", m.say.c_str());
   int n = 0;
   ibv_device** list = ibv_get_device_list(&n);
   printf("RDMA devices: %d\n", list == nullptr ? 0 : n);
