@@ -2,22 +2,17 @@
 // listener of the process, moving data for QPs whose owner is not polling,
 // running timers, and dispatching each link's events (HandleLinkEvent).
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <fstream>
-#include <random>
 #include <thread>
 
 #include "sv_internal.h"

@@ -4,23 +4,13 @@
 // reaches its peer's QP listener, named by the upper bits of the QPN), and
 // the shared-memory offer each carries.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
-#include <sched.h>
 #include <string.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <fstream>
-#include <random>
-#include <thread>
 
 #include "sv_internal.h"
 

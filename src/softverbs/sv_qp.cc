@@ -726,10 +726,6 @@ int WrComplete(ibv_qp_ex* q) {
   ibv_send_wr* bad = nullptr;
   return PostSend(&qp->qp, &batch[0].wr, &bad);
 }
-void WrAbort(ibv_qp_ex* q) {
-  OfQpEx(q)->batch.clear();
-  OfQpEx(q)->batch_error = 0;
-}
 
 }  // namespace
 
@@ -738,7 +734,7 @@ void EnableQpEx(Qp* qp) {
   qp->ex = true;
   x.wr_start = WrStart;
   x.wr_complete = WrComplete;
-  x.wr_abort = WrAbort;
+  x.wr_abort = WrStart;  // an abort drops the batch, as a new start does
   x.wr_send = WrSend;
   x.wr_send_imm = WrSendImm;
   x.wr_rdma_write = WrRdmaWrite;

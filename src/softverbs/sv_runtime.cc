@@ -3,23 +3,16 @@
 // lookups, the runtime's restart in the child of a fork, and the hooks
 // through which librdmacm.so.1 takes part (SetCmHooks).
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/tcp.h>
 #include <pthread.h>
-#include <sched.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "sv_internal.h"
 
@@ -33,9 +26,6 @@ uint64_t Fnv(const std::string& s) {
   return h;
 }
 
-}  // namespace
-
-namespace {
 // Never destroyed: the agent thread may run while the process exits.
 std::atomic<Runtime*> g_runtime{nullptr};
 std::atomic<bool> g_forked{false};
