@@ -263,7 +263,8 @@ TEST(EnginePeers, ConnectionStormsLeaveNothingBehind) {
       ADD_FAILURE() << accepted.size() << " of " << n << " accepted";
       return decltype(pairs){};
     }
-    // Accepted in any order: pair them by a message's content below.
+    // Accepted in any order: each server end is paired with some client end;
+    // every message is the same, so which does not matter.
     for (int i = 0; i < n; ++i) {
       pairs[i].second = accepted.front();
       accepted.pop_front();
@@ -681,15 +682,22 @@ int AwaitControl(ibv_cq* cq, const char* mem, uint8_t type, int ms, bool first,
 // One message (or two) whose header breaks a rule of the wire protocol
 // (docs/wire-protocol.md), sent right after the connection is up; then
 // stays connected while the engine reads it. 0 when sent.
+// The rogue's messages: one signalled inline SEND of `n` bytes at `p`
+// (`extra`: IBV_SEND_SOLICITED, as an engine sends, or nothing, as an
+// engine from before did). True when posted.
+bool SendInline(ibv_qp* qp, const void* p, size_t n, unsigned extra) {
+  ibv_sge s{reinterpret_cast<uint64_t>(p), static_cast<uint32_t>(n), 0};
+  ibv_send_wr w{}, *bad;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.opcode = IBV_WR_SEND;
+  w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | extra;
+  return ibv_post_send(qp, &w, &bad) == 0;
+}
+
 int RogueHeader(rdma_cm_id* id, const std::string& which) {
   auto send = [&](const void* p, size_t n) {
-    ibv_sge s{reinterpret_cast<uint64_t>(p), static_cast<uint32_t>(n), 0};
-    ibv_send_wr w{}, *bad;
-    w.sg_list = &s;
-    w.num_sge = 1;
-    w.opcode = IBV_WR_SEND;
-    w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
-    return ibv_post_send(id->qp, &w, &bad) == 0;
+    return SendInline(id->qp, p, n, IBV_SEND_SOLICITED);
   };
   wire::Header h{};
   h.version = wire::kVersion;
@@ -946,13 +954,7 @@ int ChildRogue(uint16_t port) {
     char msg[sizeof(h) + 2];
     memcpy(msg, &h, sizeof(h));
     memcpy(msg + sizeof(h), "hi", 2);
-    ibv_sge s{reinterpret_cast<uint64_t>(msg), sizeof(msg), 0};
-    ibv_send_wr w{}, *bad;
-    w.sg_list = &s;
-    w.num_sge = 1;
-    w.opcode = IBV_WR_SEND;
-    w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
-    if (ibv_post_send(id->qp, &w, &bad) != 0) return 19;
+    if (!SendInline(id->qp, msg, sizeof(msg), 0)) return 19;
     usleep(3000 * 1000);  // stay connected while the engine reads it
     return 0;
   }
@@ -972,13 +974,7 @@ int ChildRogue(uint16_t port) {
     g.a = reinterpret_cast<uint64_t>(mem.data() + 8 * 65536);
     g.rkey = mr->rkey;
     g.grant = 1;
-    ibv_sge gs{reinterpret_cast<uint64_t>(&g), sizeof(g), 0};
-    ibv_send_wr gw{}, *gbad;
-    gw.sg_list = &gs;
-    gw.num_sge = 1;
-    gw.opcode = IBV_WR_SEND;
-    gw.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
-    if (ibv_post_send(id->qp, &gw, &gbad) != 0) return 15;
+    if (!SendInline(id->qp, &g, sizeof(g), IBV_SEND_SOLICITED)) return 15;
     usleep(500 * 1000);  // connected while the engine reads it
     return 0;
   }
@@ -987,13 +983,7 @@ int ChildRogue(uint16_t port) {
   rts.type = wire::kRts;
   rts.version = wire::kVersion;
   rts.a = 1 << 20;
-  ibv_sge s{reinterpret_cast<uint64_t>(&rts), sizeof(rts), 0};
-  ibv_send_wr w{}, *bad;
-  w.sg_list = &s;
-  w.num_sge = 1;
-  w.opcode = IBV_WR_SEND;
-  w.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
-  ibv_post_send(id->qp, &w, &bad);
+  SendInline(id->qp, &rts, sizeof(rts), 0);
   if (mode == "chunk_short" || mode == "chunk_no_grant") {
     // The first grant, written with half its length, or under a grant id
     // the engine never gave (into the granted memory, so the device lets it).

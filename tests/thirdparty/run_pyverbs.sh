@@ -64,7 +64,7 @@ cleanup() {
   if [ "$TWO_HOSTS" = 1 ]; then
     ip netns del "$NS_A" 2>/dev/null
     ip netns del "$NS_B" 2>/dev/null
-    ip link del "$VETH_A" 2>/dev/null
+    ip link del "$VETH_A" 2>/dev/null  # left in this namespace if set-up failed half way
   fi
   rm -rf "$TMP"
 }
