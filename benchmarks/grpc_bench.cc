@@ -9,9 +9,12 @@
 //
 // Suites (one JSON object per line on stdout):
 //   latency  --sizes 1,64,...   unary ping-pong: p50, p99 (microseconds)
-//   stream   --sizes 65536,...  client streaming to a sink: MB/s
-//            (both, with the plugin in the process: host copies per byte
-//            sent and received, from its counters)
+//   stream   --sizes 65536,...  streaming one way, MB/s, in both
+//            directions: client to server (a client stream into a sink,
+//            "stream" lines) and server to client (a server stream of
+//            copies of one message, "download" lines); with the plugin in
+//            the process, also host copies per byte sent and received
+//            (from its counters)
 //   rate     --clients N        N channels, one thread each, 64 B unary
 //                               calls: calls per second
 //   connect                     a new channel per call, each closed after
@@ -267,7 +270,57 @@ class Bench {
       printf("{\"suite\":\"stream\",\"size\":%zu,\"mb_per_s\":%.1f%s%s}\n", n, mb_per_s,
              CpuJson(a_, m0, m1, bytes / 1e9).c_str(), copies.c_str());
       fflush(stdout);
+      Download(stub.get(), n);
     }
+  }
+
+  // Server to client: the server writes `count` copies of one message of
+  // n bytes as fast as the stream takes them; the client reads and checks
+  // each. The count is set from a short first run so that the measure
+  // lasts about --seconds (a stream the client cancelled to stop it would
+  // end in an error, not a clean finish).
+  void Download(Echo::Stub* stub, size_t n) {
+    Blob req;
+    req.set_data(grpc_rdma_test::Pattern(n, 3));
+    auto once = [&](uint32_t count) {
+      req.set_repeat(count);
+      grpc::ClientContext ctx;
+      auto t0 = Clock::now();
+      auto r = stub->Download(&ctx, req);
+      Blob b;
+      uint32_t got = 0;
+      while (r->Read(&b)) {
+        if (b.data().size() != n || (got == 0 && b.data() != req.data()))
+          Die("download " + std::to_string(n) + " B: message " + std::to_string(got) +
+              " came back different");
+        ++got;
+      }
+      grpc::Status s = r->Finish();
+      double t = Seconds(Clock::now() - t0);
+      if (!s.ok()) Die("download " + std::to_string(n) + " B failed: " + s.error_message());
+      if (got != count)
+        Die("download " + std::to_string(n) + " B: " + std::to_string(got) + " messages of " +
+            std::to_string(count));
+      return t;
+    };
+    auto count_for = [&](double secs, double per_msg_s) {
+      double c = secs / std::max(per_msg_s, 1e-7);
+      return static_cast<uint32_t>(std::clamp(c, 8.0, 1e7));
+    };
+    double probe = once(8) / 8;  // also the first warm-up
+    // Warm-up as for the client stream: at least 0.5 s on this channel.
+    uint32_t warm = count_for(std::max(0.5, a_.seconds), probe);
+    double per_msg = once(warm) / warm;
+    uint32_t count = count_for(a_.seconds, per_msg);
+    auto copies0 = grpc_rdma_test::RdmaStats();
+    CpuMark m0 = MarkCpu(a_);
+    double t = once(count);
+    CpuMark m1 = MarkCpu(a_);
+    std::string copies = CopiesJson(copies0, grpc_rdma_test::RdmaStats());
+    double bytes = static_cast<double>(count) * n;
+    printf("{\"suite\":\"download\",\"size\":%zu,\"mb_per_s\":%.1f%s%s}\n", n,
+           bytes / t / 1e6, CpuJson(a_, m0, m1, bytes / 1e9).c_str(), copies.c_str());
+    fflush(stdout);
   }
 
   void Rate() {

@@ -43,6 +43,8 @@ import time
 LATENCY_SIZES = [1, 64, 1024, 8192, 16384, 65536, 262144, 1048576, 4194304]
 STREAM_SIZES = [65536, 4194304]
 TRANSPORTS = ["tcp", "rdma", "inproc"]
+# grpc_bench's stream suite measures both ways: (its suite name, the direction).
+STREAM_DIRECTIONS = [("stream", "client to server"), ("download", "server to client")]
 # glibc's malloc as TF_RDMA_MALLOC_TUNE leaves it (src/config/malloc_tune.h).
 MALLOC_TUNED = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=268435456"
 
@@ -219,11 +221,13 @@ def summarize(results, clients, latency_sizes=LATENCY_SIZES, stream_sizes=STREAM
                                                                    den="inproc"),
                                 "rdma_tcp_p99_ratio": spread_of(results, "latency", {"size": n}, "p99_us"),
                                 **copies_of(results, "latency", {"size": n})})
-    for n in stream_sizes:
-        rows["stream"].append({"size": n, **{f"{t}_mb_per_s": median_of(results[t], "stream", {"size": n}, "mb_per_s")
-                                               for t in TRANSPORTS},
-                               "rdma_tcp_ratio": spread_of(results, "stream", {"size": n}, "mb_per_s"),
-                               **copies_of(results, "stream", {"size": n})})
+    for suite, direction in STREAM_DIRECTIONS:
+        for n in stream_sizes:
+            rows["stream"].append({"size": n, "suite": suite, "direction": direction,
+                                   **{f"{t}_mb_per_s": median_of(results[t], suite, {"size": n}, "mb_per_s")
+                                      for t in TRANSPORTS},
+                                   "rdma_tcp_ratio": spread_of(results, suite, {"size": n}, "mb_per_s"),
+                                   **copies_of(results, suite, {"size": n})})
     rows["rate"].append({"clients": clients, **{f"{t}_calls_per_s": median_of(results[t], "rate", {}, "calls_per_s")
                                                  for t in TRANSPORTS},
                          "rdma_tcp_ratio": spread_of(results, "rate", {}, "calls_per_s")})
@@ -269,7 +273,8 @@ def host_cpu_spread(results, suite, key):
 def summarize_cpu(results, clients, stream_sizes):
     out = []
     for suite, key, what, scale in [("rate", {}, f"64 B unary call, {clients} clients: CPU us per call", 1.0)] + [
-            ("stream", {"size": n}, f"streaming {human(n)} messages: CPU s per GB", 1e-6) for n in stream_sizes]:
+            (suite, {"size": n}, f"streaming {human(n)} messages, {direction}: CPU s per GB", 1e-6)
+            for suite, direction in STREAM_DIRECTIONS for n in stream_sizes]:
         row = {"what": what}
         for t in TRANSPORTS:
             tot, dev = cpu_of(results[t], suite, key)
@@ -319,9 +324,11 @@ def table(rows, reps, meta=None):
                    f"{num(r['inproc_p50_us'], '.1f')} | {ratio(r['rdma_tcp_p50_ratio'])} | "
                    f"{ratio(r['rdma_inproc_p50_ratio'])} | {num(r['tcp_p99_us'], '.1f')} | {num(r['rdma_p99_us'], '.1f')} | "
                    f"{ratio(r['rdma_tcp_p99_ratio'])} |")
-    out += ["", "| streaming message | TCP MB/s | RDMA MB/s | in-proc MB/s | RDMA/TCP |", "|---:|---:|---:|---:|---:|"]
+    out += ["", "| streaming message | direction | TCP MB/s | RDMA MB/s | in-proc MB/s | RDMA/TCP |",
+            "|---:|---|---:|---:|---:|---:|"]
     for r in rows["stream"]:
-        out.append(f"| {human(r['size'])} | {num(r['tcp_mb_per_s'], '.0f')} | {num(r['rdma_mb_per_s'], '.0f')} | "
+        out.append(f"| {human(r['size'])} | {r['direction']} | {num(r['tcp_mb_per_s'], '.0f')} | "
+                   f"{num(r['rdma_mb_per_s'], '.0f')} | "
                    f"{num(r['inproc_mb_per_s'], '.0f')} | {ratio(r['rdma_tcp_ratio'])} |")
     out += ["", "| workload | TCP | RDMA | in-proc | RDMA/TCP |", "|---|---:|---:|---:|---:|"]
     for r in rows["rate"]:
@@ -336,7 +343,8 @@ def table(rows, reps, meta=None):
                    f"{num(r['rdma_steps_per_s'], '.3f')} | {num(r['inproc_steps_per_s'], '.3f')} | "
                    f"{ratio(r['rdma_tcp_ratio'])} |")
     copy_rows = [(f"unary {human(r['size'])}", r) for r in rows["latency"]] + \
-                [(f"streaming {human(r['size'])} (client sends)", r) for r in rows["stream"]]
+                [(f"streaming {human(r['size'])} "
+                  f"(client {'sends' if r['suite'] == 'stream' else 'receives'})", r) for r in rows["stream"]]
     if any(r.get("rdma_copies_sent") is not None for _, r in copy_rows):
         out += ["", "Host copies per stream byte in the RDMA client process (the plugin's counters: "
                 "into registered buffers on send, out of them on receive; 0 = zero copy).", "",
@@ -383,7 +391,7 @@ def plots(rows, out_dir):
     fig.savefig(p, dpi=110, bbox_inches="tight")
     made.append(p)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    labels = [human(r["size"]) for r in rows["stream"]]
+    labels = [f"{human(r['size'])}\n{'up' if r['suite'] == 'stream' else 'down'}" for r in rows["stream"]]
     w = 0.27
     for i, (t, label) in enumerate((("tcp", "TCP"), ("rdma", "RDMA (softverbs)"), ("inproc", "in-process"))):
         ax.bar([x + (i - 1) * w for x in range(len(labels))], [r[f"{t}_mb_per_s"] for r in rows["stream"]], w, label=label)
@@ -391,7 +399,7 @@ def plots(rows, out_dir):
     ax.set_xticklabels(labels)
     ax.set_xlabel("streaming message size")
     ax.set_ylabel("MB/s")
-    ax.set_title("gRPC client-streaming bandwidth, one host")
+    ax.set_title("gRPC streaming bandwidth, one host (up: client to server, down: server to client)")
     ax.legend()
     p = os.path.join(out_dir, "bandwidth.png")
     fig.savefig(p, dpi=110, bbox_inches="tight")

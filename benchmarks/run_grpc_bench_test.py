@@ -108,9 +108,13 @@ def main():
     for row in s["latency"]:
         for t in ("tcp", "rdma", "inproc"):
             check(positive(row[f"{t}_p50_us"]), f"latency {row['size']} B {t}: p50 {row[f'{t}_p50_us']}")
+    check(sorted((row["suite"], row["size"]) for row in s["stream"]) ==
+          [("download", 65536), ("download", 1048576), ("stream", 65536), ("stream", 1048576)],
+          f"stream rows: both directions of each size asked for: {s['stream']}")
     for row in s["stream"]:
         for t in ("tcp", "rdma", "inproc"):
-            check(positive(row[f"{t}_mb_per_s"]), f"stream {row['size']} B {t}: {row[f'{t}_mb_per_s']}")
+            check(positive(row[f"{t}_mb_per_s"]),
+                  f"stream {row['direction']} {row['size']} B {t}: {row[f'{t}_mb_per_s']}")
     for t in ("tcp", "rdma", "inproc"):
         check(positive(s["rate"][0][f"{t}_calls_per_s"]), f"rate {t}")
         check(len(s["connect"]) == 1 and positive(s["connect"][0][f"{t}_p50_us"]),
@@ -124,15 +128,15 @@ def main():
     # 1 MiB messages the device did work (softverbs' agents move them).
     for t in ("tcp", "rdma"):
         for e in res["raw"][t]:
-            if e["suite"] in ("rate", "stream"):
+            if e["suite"] in ("rate", "stream", "download"):
                 check(positive(e.get("cpu_client_us")) and positive(e.get("cpu_server_us")),
                       f"{t} {e['suite']}: client and server CPU measured: {e}")
     for e in res["raw"]["inproc"]:
-        if e["suite"] in ("rate", "stream"):
+        if e["suite"] in ("rate", "stream", "download"):
             check(positive(e.get("cpu_client_us")) and e.get("cpu_server_us") == 0,
                   f"inproc {e['suite']}: one process: {e}")
     cpu = {row["what"]: row for row in s["cpu"]}
-    check(len(cpu) == 3, f"three CPU rows (rate, two stream sizes): {list(cpu)}")
+    check(len(cpu) == 5, f"five CPU rows (rate, two stream sizes each way): {list(cpu)}")
     for what, row in cpu.items():
         for t in ("tcp", "rdma", "inproc"):
             check(positive(row[f"{t}_cpu"]), f"{what}: {t} CPU {row[f'{t}_cpu']}")
@@ -141,14 +145,19 @@ def main():
         check(row["rdma_cpu_device"] is not None and row["rdma_cpu_device"] < row["rdma_cpu"],
               f"{what}: the device's part is part of the whole: {row}")
     big = [row for what, row in cpu.items() if "1 MiB" in what]
-    check(len(big) == 1 and positive(big[0]["rdma_cpu_device"]),
-          f"1 MiB streaming: the emulated device's threads did the copying: {big}")
+    check(len(big) == 2 and all(positive(row["rdma_cpu_device"]) for row in big),
+          f"1 MiB streaming, both ways: the emulated device's threads did the copying: {big}")
     # Copies per byte, from the plugin's counters in the RDMA client: every
-    # byte sent is copied once into a registered buffer today.
-    for row in s["latency"] + s["stream"]:
+    # byte sent is copied once into a registered buffer today; a received
+    # byte at most once (large messages: none).
+    for row in s["latency"] + [r for r in s["stream"] if r["suite"] == "stream"]:
         check(isinstance(row.get("rdma_copies_sent"), (int, float)) and 0.5 < row["rdma_copies_sent"] <= 1.5,
               f"{row['size']} B: copies per byte sent {row.get('rdma_copies_sent')}")
-    check("RDMA host/TCP" in md and "| 64 KiB |" in md and "new channel" in md,
+    for row in [r for r in s["stream"] if r["suite"] == "download"]:
+        check(isinstance(row.get("rdma_copies_received"), (int, float))
+              and 0 <= row["rdma_copies_received"] <= 1.05,
+              f"{row['size']} B downloaded: copies per byte received {row.get('rdma_copies_received')}")
+    check("RDMA host/TCP" in md and "| 64 KiB | server to client |" in md and "new channel" in md,
           "results.md has the tables")
 
 
