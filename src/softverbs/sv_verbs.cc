@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -318,6 +319,53 @@ bool MayPinLocked(uint64_t more) {
   return Rt().pinned_bytes + more <= r.rlim_cur;
 }
 
+// As the kernel's ib_umem_get pins them: every page of the range is faulted
+// in now (for writing when the MR may be written, which also breaks
+// copy-on-write sharing), so registering costs here what the page faults
+// cost, and a range that is not mapped, or not writable when it must be,
+// fails with EFAULT as it does on hardware. Runs without Runtime::mu: a
+// large range takes milliseconds. 0 or an errno.
+// Whether this kernel has MADV_POPULATE_* (5.14 and later), tried once on
+// a page of our own.
+static bool PopulateWorks() {
+  static const bool works = [] {
+    static char probe[1];
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    void* at = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(probe) & ~(page - 1));
+    return madvise(at, page, 22 /* MADV_POPULATE_READ */) == 0;
+  }();
+  return works;
+}
+
+static int FaultInPages(void* addr, size_t length, unsigned access) {
+  if (length == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t start = a & ~(page - 1);
+  uintptr_t end = (a + length + page - 1) & ~(page - 1);
+  if (end < a) return EINVAL;  // the range wraps
+  constexpr unsigned kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+  int advice = (access & kWritable) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+  while (madvise(reinterpret_cast<void*>(start), end - start, advice) != 0) {
+    if (errno == EINTR || errno == EAGAIN) continue;
+    // ENOMEM: not mapped; EFAULT: an access that would fault (PROT_NONE);
+    // EINVAL: a mapping the rights do not allow (read-only memory for a
+    // writable MR) or that cannot be faulted in (VM_PFNMAP, VM_IO), which
+    // the kernel's pinning refuses too; but also a kernel before 5.14,
+    // which has no populate: then registration goes without.
+    if (errno == EINVAL && !PopulateWorks()) return 0;
+    if (errno == EINVAL || errno == EHWPOISON || errno == EFAULT || errno == ENOMEM)
+      return EFAULT;
+    return errno;
+  }
+  return 0;
+}
+
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                          unsigned int access) {
   // MW_BIND is accepted as the kernel does; a device without memory
@@ -330,6 +378,10 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
        !(access & IBV_ACCESS_LOCAL_WRITE)) ||
       (addr == nullptr && length != 0) || iova != reinterpret_cast<uint64_t>(addr)) {
     errno = EINVAL;
+    return nullptr;
+  }
+  if (int err = FaultInPages(addr, length, access)) {
+    errno = err;
     return nullptr;
   }
   std::lock_guard<std::mutex> g(Rt().mu);
@@ -379,6 +431,19 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
       (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
+  }
+  if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
+    // The new range is pinned before the old one is let go, as the kernel
+    // does; the rights it is pinned for are the new ones if they change.
+    unsigned rights = static_cast<unsigned>(access);
+    if (!(flags & IBV_REREG_MR_CHANGE_ACCESS)) {
+      std::lock_guard<std::mutex> g(Rt().mu);
+      rights = static_cast<unsigned>(ToMr(ibmr)->access);
+    }
+    if (int err = FaultInPages(addr, length, rights)) {
+      errno = err;
+      return IBV_REREG_MR_ERR_CMD;
+    }
   }
   std::lock_guard<std::mutex> g(Rt().mu);
   Mr* mr = ToMr(ibmr);

@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -725,6 +726,59 @@ TEST(Conformance, MwBindAccessIsAcceptedAndWindowsAreNotSupported) {
   EXPECT_EQ(ibv_alloc_mw(pd, IBV_MW_TYPE_1), nullptr);
   EXPECT_EQ(errno, EOPNOTSUPP);
   if (mr) ibv_dereg_mr(mr);
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+}
+
+// Registration pins pages as the kernel's ib_umem_get does: each page is
+// faulted in (what registering costs), and a range that is not mapped, or
+// not writable for a writable MR, fails with EFAULT (as ibv_reg_mr does on
+// hardware), also when ibv_rereg_mr moves an MR there.
+TEST(Conformance, RegistrationFaultsPagesInAndRefusesWhatIsNotMapped) {
+  ibv_context* ctx = OpenDevice();
+  ASSERT_NE(ctx, nullptr);
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  ASSERT_NE(pd, nullptr);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t n = 8;
+  char* mem = static_cast<char*>(
+      mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  auto resident = [&](char* at, size_t pages) {
+    std::vector<unsigned char> v(pages);
+    EXPECT_EQ(mincore(at, pages * page, v.data()), 0) << strerror(errno);
+    size_t r = 0;
+    for (unsigned char c : v) r += c & 1;
+    return r;
+  };
+  ASSERT_EQ(resident(mem, n), 0u) << "fresh anonymous memory has no pages yet";
+  // Pages 1-3, from inside page 1 to inside page 3.
+  ibv_mr* mr = ibv_reg_mr(pd, mem + page + 100, 2 * page, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(mr, nullptr) << strerror(errno);
+  EXPECT_EQ(resident(mem + page, 3), 3u) << "every page the MR spans is faulted in";
+  EXPECT_EQ(resident(mem, 1) + resident(mem + 4 * page, n - 4), 0u) << "and only those";
+  // Not mapped: EFAULT, and nothing counted.
+  ASSERT_EQ(munmap(mem + 6 * page, 2 * page), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, mem + 5 * page, 2 * page, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EFAULT) << strerror(errno);
+  // Read-only memory: a writable MR is refused, a read-only one is not.
+  ASSERT_EQ(mprotect(mem + 4 * page, page, PROT_READ), 0);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(pd, mem + 4 * page, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
+            nullptr);
+  EXPECT_EQ(errno, EFAULT) << strerror(errno);
+  ibv_mr* ro = ibv_reg_mr(pd, mem + 4 * page, page, IBV_ACCESS_REMOTE_READ);
+  EXPECT_NE(ro, nullptr) << strerror(errno);
+  if (ro) ibv_dereg_mr(ro);
+  // Moved onto unmapped memory: refused, the MR stays where it was.
+  errno = 0;
+  EXPECT_EQ(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, nullptr, mem + 6 * page, page, 0),
+            IBV_REREG_MR_ERR_CMD);
+  EXPECT_EQ(errno, EFAULT) << strerror(errno);
+  EXPECT_EQ(mr->addr, mem + page + 100);
+  EXPECT_EQ(ibv_dereg_mr(mr), 0);
+  munmap(mem, 6 * page);
   ibv_dealloc_pd(pd);
   ibv_close_device(ctx);
 }
