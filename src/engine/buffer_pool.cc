@@ -276,6 +276,11 @@ uint64_t BufferPool::outstanding() const {
   return outstanding_;
 }
 
+absl::Status BufferPool::SetRemoteWrite(PinnedBuffer* b, bool open) {
+  if (!registrar_.set_remote_write) return absl::OkStatus();
+  return registrar_.set_remote_write(&b->reg, open);
+}
+
 Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access) {
   Registrar r;
   r.reg = [pd, access](void* addr, size_t length) -> absl::StatusOr<Registration> {
@@ -285,6 +290,20 @@ Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access) {
         !s.ok())
       return s;
     return Registration{mr->lkey, mr->rkey, mr};
+  };
+  r.set_remote_write = [pd, access](Registration* reg, bool open) -> absl::Status {
+    auto* mr = static_cast<ibv_mr*>(reg->handle);
+    int want = open ? (access | IBV_ACCESS_REMOTE_WRITE) : (access & ~IBV_ACCESS_REMOTE_WRITE);
+    // rdma-core's convention: 0, or a negative ibv_rereg_mr_err_code with
+    // errno set.
+    int rc = ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, want);
+    if (absl::Status s = CheckErrno(rc != 0, "ibv_rereg_mr",
+                                    open ? "opening a grant" : "closing a grant");
+        !s.ok())
+      return s;
+    reg->lkey = mr->lkey;
+    reg->rkey = mr->rkey;
+    return absl::OkStatus();
   };
   r.dereg = [pd](const Registration& reg) {
     auto* mr = static_cast<ibv_mr*>(reg.handle);

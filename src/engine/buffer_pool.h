@@ -101,6 +101,10 @@ struct Registration {
 struct Registrar {
   std::function<absl::StatusOr<Registration>(void* addr, size_t length)> reg;
   std::function<void(const Registration&)> dereg;
+  // Opens (true) or closes (false) registered memory to the peer's RDMA
+  // WRITEs, updating the keys (a device may change them). Empty: the
+  // memory's rights never change (plain memory in tests).
+  std::function<absl::Status(Registration* reg, bool open)> set_remote_write;
 };
 
 // A registered buffer. Owned by its BufferPool; give it back with Put().
@@ -133,6 +137,9 @@ class BufferPool {
   // Takes the buffer back: into the cache, or freed (its bytes back to the
   // budget) when the budget is under pressure.
   void Put(PinnedBuffer* b);
+  // Opens or closes `b` (handed out by this pool) to the peer's RDMA
+  // WRITEs (Registrar::set_remote_write); its keys may change.
+  absl::Status SetRemoteWrite(PinnedBuffer* b, bool open);
   // Frees cached buffers (returning their bytes to the budget) until at most
   // `keep_bytes` stay cached.
   void Trim(uint64_t keep_bytes = 0);
@@ -162,9 +169,10 @@ class BufferPool {
   uint64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Registers with ibv_reg_mr in `pd` (a connection's own PD) with `access`.
-// Shares `pd`: the PD lives as long as the pool may deregister in it (a
-// pool of lent chunks can outlive its connection).
+// Registers with ibv_reg_mr in `pd` (a connection's own PD) with `access`;
+// set_remote_write adds or takes away IBV_ACCESS_REMOTE_WRITE with
+// ibv_rereg_mr. Shares `pd`: the PD lives as long as the pool may
+// deregister in it (a pool of lent chunks can outlive its connection).
 Registrar MakeVerbsRegistrar(std::shared_ptr<ibv_pd> pd, int access);
 
 }  // namespace grpc_rdma

@@ -66,10 +66,10 @@ absl::Status ConnImpl::SetupLocked() {
   local_pool_ = std::make_unique<BufferPool>(
       &engine_->budget, MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE),
       std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size));
+  // Landing buffers are open to the peer's writes only while granted
+  // (OpenGrantLocked), never while lent to the reader.
   remote_pool_ = std::make_shared<BufferPool>(
-      &engine_->budget,
-      MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE),
-      o.chunk_size);
+      &engine_->budget, MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE), o.chunk_size);
   ibv_qp_init_attr a{};
   a.send_cq = a.recv_cq = cq_.get();
   a.cap.max_send_wr = o.eager_depth + o.chunks_in_flight + 16;

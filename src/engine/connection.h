@@ -178,6 +178,12 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool PostRecvLocked(size_t index);
   void RepostLocked(size_t index, Deferred* d);
   void IssueStandingGrantsLocked();
+  // Opens a landing buffer to the peer's writes for a grant (its rkey may
+  // change), or closes it once the grant is used, before it is lent to the
+  // reader: the peer can write exactly the buffers it holds a grant for.
+  // False: the device refused, and the connection is failed.
+  bool OpenGrantLocked(PinnedBuffer* b, Deferred* d);
+  bool CloseGrantLocked(PinnedBuffer* b, Deferred* d);
   void IssueGrantsLocked(Deferred* d);
   // Grants out and unwritten: the deadline set (renew: moved on, after a
   // chunk landed), or cleared when none are out.

@@ -814,6 +814,43 @@ int RoguePreThenRts(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
   return cts == 0 ? 20 : 100 + more_pre;
 }
 
+// Writes a whole message ('A's, above the eager limit) into one of the
+// engine's standing grants, waits while the engine hands it to its reader,
+// then writes 'B's to the same place with a plain RDMA WRITE. 0 when the
+// device refuses that second write (the grant was closed once used), 21
+// when it lands, 22-24 otherwise.
+int RogueRewriteUsedGrant(rdma_cm_id* id, ibv_cq* cq, char* mem, ibv_mr* mr) {
+  wire::Header pre{};
+  if (AwaitControl(cq, mem, wire::kStanding, 5000, true, &pre) == 0) return 22;
+  char* src = mem + 8 * 65536;
+  auto write = [&](char fill, ibv_wr_opcode op) {
+    memset(src, fill, 20000);
+    ibv_sge s{reinterpret_cast<uint64_t>(src), 20000, mr->lkey};
+    ibv_send_wr w{}, *bad;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.opcode = op;
+    w.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+    w.imm_data = htonl(pre.grant);
+    w.wr.rdma.remote_addr = pre.a;
+    w.wr.rdma.rkey = pre.rkey;
+    w.wr_id = 97;
+    if (ibv_post_send(id->qp, &w, &bad) != 0) return -1;
+    for (int i = 0; i < 5000; ++i) {
+      ibv_wc wc;
+      while (ibv_poll_cq(cq, 1, &wc) == 1)
+        if (wc.wr_id == 97) return static_cast<int>(wc.status);
+      usleep(1000);
+    }
+    return -1;
+  };
+  if (write('A', IBV_WR_RDMA_WRITE_WITH_IMM) != IBV_WC_SUCCESS) return 23;
+  usleep(300 * 1000);  // the engine lends the message to its reader
+  int second = write('B', IBV_WR_RDMA_WRITE);
+  if (second == IBV_WC_SUCCESS) return 21;
+  return second == IBV_WC_REM_ACCESS_ERR ? 0 : 24;
+}
+
 // A peer speaking raw rdma_cm to an engine's listener (the children
 // below): its event channel and id, and the steps every such child takes.
 struct RawPeer {
@@ -943,6 +980,7 @@ int ChildRogue(uint16_t port) {
   if (mode.rfind("header_", 0) == 0) return RogueHeader(id, mode.substr(7));
   if (mode == "pre_small") return RogueSmallWriteIntoStandingGrant(id, cq, mem.data(), mr);
   if (mode == "pre_then_rts") return RoguePreThenRts(id, cq, mem.data(), mr);
+  if (mode == "rewrite_used") return RogueRewriteUsedGrant(id, cq, mem.data(), mr);
   if (mode == "unsolicited") {
     // An engine from before solicited messages: after a pause (the peer's
     // poller goes to sleep), one DATA message without IBV_SEND_SOLICITED.
@@ -1315,6 +1353,51 @@ TEST(EnginePeers, ACloseDoesNotWaitForeverOnAPeerThatTakesNothing) {
 // Chunks written out of the order of their grants (each in bounds, each
 // whole): the engine closes the connection and says why, rather than hand
 // the reader bytes out of place.
+// A grant is open to the peer only until it is used: a message written
+// into a standing grant is lent to the reader without a copy, and the
+// peer's registration of that memory must not let it change those bytes
+// afterwards. The device refuses the second write (the rogue sees an
+// access error), the engine closes the connection and says why, and the
+// bytes the reader holds are the message's.
+TEST(EnginePeers, AUsedGrantIsClosedToThePeer) {
+  StderrCapture log;
+  std::mutex mu;  // these before the engine: its callbacks use them
+  std::vector<RecvChunk> held;
+  std::shared_ptr<Connection> conn;
+  auto se = Engine::Create(Options{});
+  ASSERT_TRUE(se.ok());
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    c->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
+      if (!r.ok()) return;
+      std::lock_guard<std::mutex> l(mu);
+      for (RecvChunk& ch : *r) held.push_back(std::move(ch));  // held, not given back
+    });
+    std::lock_guard<std::mutex> l(mu);
+    conn = std::move(c);
+  });
+  ASSERT_TRUE(port.ok());
+  pid_t child = Spawn({"--child", "rogue", std::to_string(*port)}, {"ROGUE_MODE=rewrite_used"});
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "21: the second write landed in memory lent to the reader; 22-24: the rogue failed";
+  std::string got;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    for (const RecvChunk& ch : held) got.append(ch.data(), ch.size());
+  }
+  EXPECT_EQ(got.size(), 20000u);
+  EXPECT_EQ(got.find_first_not_of('A'), std::string::npos)
+      << "the reader's bytes are the message's, not what the peer wrote after";
+  EXPECT_TRUE(log.WaitFor("an RDMA access outside its grants", 5000)) << log.Text();
+  for (int i = 0; i < 500 && (*se)->connection_errors() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ((*se)->connection_errors(), 1u) << "counted as a fault";
+  std::lock_guard<std::mutex> l(mu);
+  held.clear();  // before the engine goes
+}
+
 TEST(EnginePeers, ChunksOutOfOrderAreAViolation) {
   StderrCapture log;
   Options o;

@@ -152,6 +152,11 @@ void ConnImpl::OnQpEventLocked(ibv_event_type type, Deferred* d) {
   // line is the only place the reason shows.
   GRPC_RDMA_LOG_ERROR("connection %s: %s; %s", peer_.c_str(), what,
                       state_ == State::kClosed ? "it is closed" : "closing it");
+  if (state_ == State::kClosed && stats_.connection_errors == 0) {
+    // Closed by the flush this same fault caused: it still counts as one.
+    stats_.connection_errors = 1;
+    engine_->connection_errors.fetch_add(1);
+  }
   FailLocked(absl::UnavailableError(what), d);
 }
 
@@ -238,6 +243,14 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     return Violation("chunk out of order", d);
   }
   landings_.erase(it);
+  // Closed to the peer first: a peer that writes again into a grant it has
+  // used (RC would let it, the memory being still registered for it) gets
+  // an access error from the device instead of changing bytes the reader
+  // holds.
+  if (!CloseGrantLocked(land.buf, d)) {
+    remote_pool_->Put(land.buf);
+    return;
+  }
   // Lend the buffer to the reader, unless pinned memory runs short: then
   // copy and give it back, so a reader that holds data (gRPC keeps a whole
   // message) can never starve the transfer of buffers.
@@ -287,6 +300,10 @@ void ConnImpl::IssueStandingGrantsLocked() {
     if (engine_->budget.used() + len > engine_->budget.cap() / 4) return;
     absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
     if (!b.ok() || *b == nullptr) return;
+    if (!OpenGrantLocked(*b, nullptr)) {
+      remote_pool_->Put(*b);
+      return;
+    }
     uint32_t id = NextGrantIdLocked();
     wire::Header h{};
     h.type = wire::kStanding;
@@ -334,6 +351,21 @@ void ConnImpl::GrantsTimedOutLocked(uint64_t now_us, Deferred* d) {
              d);
 }
 
+bool ConnImpl::OpenGrantLocked(PinnedBuffer* b, Deferred* d) {
+  absl::Status s = remote_pool_->SetRemoteWrite(b, true);
+  if (s.ok()) return true;
+  if (d != nullptr) FailLocked(s, d);
+  else GRPC_RDMA_LOG_ERROR("connection %s: %s", peer_.c_str(), std::string(s.message()).c_str());
+  return false;
+}
+
+bool ConnImpl::CloseGrantLocked(PinnedBuffer* b, Deferred* d) {
+  absl::Status s = remote_pool_->SetRemoteWrite(b, false);
+  if (s.ok()) return true;
+  FailLocked(s, d);
+  return false;
+}
+
 uint32_t ConnImpl::NextGrantIdLocked() {
   uint32_t id;
   do {
@@ -355,6 +387,10 @@ void ConnImpl::IssueGrantsLocked(Deferred* d) {
     uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(piece, left));
     PinnedBuffer* buf = GetOrWaitLocked(*remote_pool_, len, d);
     if (buf == nullptr) return;  // granted again when pinned memory comes back
+    if (!OpenGrantLocked(buf, d)) {
+      remote_pool_->Put(buf);
+      return;
+    }
     uint32_t id = NextGrantIdLocked();
     wire::Header h{};
     h.type = wire::kCts;
