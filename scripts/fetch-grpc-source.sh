@@ -18,6 +18,10 @@
 # Progress goes to stderr; the tree's path is the last line on stdout.
 # Nothing is downloaded when the tree is already there.
 #
+# --abseil fetches the source of the installed libabsl-dev instead (the
+# same way, into .../abseil-src-<version>), for the ThreadSanitizer build
+# (scripts/tsan.sh), which needs abseil compiled with the sanitizer.
+#
 # Environment:
 #   GRPC_RDMA_CACHE          cache root (default /var/cache/grpc-rdma, or
 #                            ~/.cache/grpc-rdma when that isn't writable)
@@ -33,26 +37,30 @@ die() { echo "$prog: error: $*" >&2; exit 1; }
 
 usage() {
   sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"
-  echo "Usage: ${BASH_SOURCE[0]} [-h|--help]"
+  echo "Usage: ${BASH_SOURCE[0]} [--abseil] [-h|--help]"
 }
+bin_pkg=libgrpc++-dev
+src_pkg=grpc
+marker=src/core/lib/iomgr/endpoint.h
+version_override=${GRPC_RDMA_GRPC_VERSION:-}
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
+  --abseil)
+    bin_pkg=libabsl-dev src_pkg=abseil marker=absl/base/config.h version_override=""
+    prog=fetch-abseil-source ;;
   "") ;;
   *) usage >&2; exit 2 ;;
 esac
 
-bin_pkg=libgrpc++-dev
-src_pkg=grpc
-
 # --- which version -----------------------------------------------------------
-if [[ -n "${GRPC_RDMA_GRPC_VERSION:-}" ]]; then
-  src_ver=$GRPC_RDMA_GRPC_VERSION
+if [[ -n "$version_override" ]]; then
+  src_ver=$version_override
 else
   status=$(dpkg-query -W -f='${Status}' "$bin_pkg" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] ||
     die "$bin_pkg is not installed (run scripts/setup.sh, or set GRPC_RDMA_GRPC_VERSION)"
   bin_ver=$(dpkg-query -W -f='${Version}' "$bin_pkg")
-  src_pkg=$(dpkg-query -W -f='${source:Package}' "$bin_pkg" 2>/dev/null || echo grpc)
+  src_pkg=$(dpkg-query -W -f='${source:Package}' "$bin_pkg" 2>/dev/null || echo "$src_pkg")
   src_ver=$(dpkg-query -W -f='${source:Version}' "$bin_pkg" 2>/dev/null || true)
   # A binNMU (rebuild without source change) adds "+bN" to the binary's
   # version only; the source package keeps the version without it.
@@ -73,8 +81,7 @@ else
 fi
 mkdir -p "$cache"
 cache=$(cd "$cache" && pwd -P)
-tree=$cache/grpc-src-$ver_noepoch
-marker=src/core/lib/iomgr/endpoint.h
+tree=$cache/$src_pkg-src-$ver_noepoch
 
 if [[ -f "$tree/$marker" ]]; then
   log "already unpacked: $tree"
@@ -258,11 +265,11 @@ log "unpacking $(basename "$dsc") (dpkg-source -x)"
 # apt has checked the files' hashes against the archive's signed index; the
 # .dsc's own signature can only be checked with debian-keyring installed,
 # without it dpkg-source warns and goes on.
-tmp=$cache/.grpc-src-$ver_noepoch.tmp.$$
+tmp=$cache/.$src_pkg-src-$ver_noepoch.tmp.$$
 rm -rf "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 (cd "$dl_dir" && dpkg-source --no-copy -x "$dsc" "$tmp" >&2)
-[[ -f "$tmp/$marker" ]] || die "the unpacked tree has no $marker: not a gRPC source tree?"
+[[ -f "$tmp/$marker" ]] || die "the unpacked tree has no $marker: not a $src_pkg source tree?"
 rm -rf "$tree"
 mv "$tmp" "$tree"
 trap - EXIT

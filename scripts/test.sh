@@ -11,9 +11,12 @@
 #      and pin the installed libgrpc (the suite's package test checks the
 #      contents of the same package built from build/);
 #   3. the same suite again in build-asan/, built with AddressSanitizer and
-#      UndefinedBehaviorSanitizer.
+#      UndefinedBehaviorSanitizer;
+#   4. softverbs, the engine and their tests built with ThreadSanitizer in
+#      build-tsan/, abseil rebuilt instrumented (scripts/tsan.sh).
 #
-# Environment: GRPC_RDMA_SKIP_SANITIZERS=1 skips step 2 (quicker local runs).
+# Environment: GRPC_RDMA_SKIP_SANITIZERS=1 skips steps 3 and 4 (quicker
+# local runs).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 cd "$repo"
@@ -50,6 +53,10 @@ if [[ "${GRPC_RDMA_SKIP_SANITIZERS:-0}" != 1 ]]; then
     GRPC_RDMA_CMAKE_ARGS="-DGRPC_RDMA_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug" \
     scripts/setup.sh
   run_suite "ASan+UBSan" "$repo/build-asan"
+  echo "test: running the ThreadSanitizer suite in $repo/build-tsan"
+  if ! scripts/tsan.sh "$repo/build-tsan"; then
+    status=1
+  fi
 fi
 
 if [[ $status -eq 0 ]]; then

@@ -522,8 +522,11 @@ TEST(Cm, AGetAfterTheChannelIsDestroyedNeitherFailsNorReadsAnotherFd) {
   rdma_event_channel* blocking = rdma_create_event_channel();
   ASSERT_NE(blocking, nullptr);
   rdma_destroy_event_channel(blocking);
-  std::atomic<bool> returned{false};
-  std::thread late([&] {
+  // Static, and the channel by value: the thread outlives this test's
+  // stack frame (ThreadSanitizer caught it reading the frame's reused
+  // memory).
+  static std::atomic<bool> returned{false};
+  std::thread late([blocking] {
     rdma_cm_event* e = nullptr;
     rdma_get_cm_event(blocking, &e);
     returned = true;
