@@ -254,7 +254,7 @@ log "downloading source package $src_pkg=$src_ver into $dl_dir"
 if ! (cd "$dl_dir" && apt-get -q "${apt_opts[@]}" source --download-only "$src_pkg=$src_ver" >&2); then
   rmdir "$dl_dir" 2>/dev/null || true
   die "could not download source package $src_pkg=$src_ver. The archive may have moved on to a newer
-  version than the one installed; upgrade gRPC (apt-get install --only-upgrade libgrpc++-dev)
+  version than the one installed; upgrade it (apt-get install --only-upgrade $bin_pkg)
   and run this again, or set GRPC_RDMA_GRPC_VERSION to a version that apt can still fetch."
 fi
 

@@ -319,12 +319,11 @@ bool MayPinLocked(uint64_t more) {
   return Rt().pinned_bytes + more <= r.rlim_cur;
 }
 
-// As the kernel's ib_umem_get pins them: every page of the range is faulted
-// in now (for writing when the MR may be written, which also breaks
-// copy-on-write sharing), so registering costs here what the page faults
-// cost, and a range that is not mapped, or not writable when it must be,
-// fails with EFAULT as it does on hardware. Runs without Runtime::mu: a
-// large range takes milliseconds. 0 or an errno.
+#ifndef MADV_POPULATE_READ  // Linux 5.14; older headers lack them
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
 // Whether this kernel has MADV_POPULATE_* (5.14 and later), tried once on
 // a page of our own.
 static bool PopulateWorks() {
@@ -332,11 +331,17 @@ static bool PopulateWorks() {
     static char probe[1];
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     void* at = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(probe) & ~(page - 1));
-    return madvise(at, page, 22 /* MADV_POPULATE_READ */) == 0;
+    return madvise(at, page, MADV_POPULATE_READ) == 0;
   }();
   return works;
 }
 
+// As the kernel's ib_umem_get pins them: every page of the range is faulted
+// in now (for writing when the MR may be written, which also breaks
+// copy-on-write sharing), so registering costs here what the page faults
+// cost, and a range that is not mapped, or not writable when it must be,
+// fails with EFAULT as it does on hardware. Runs without Runtime::mu: a
+// large range takes milliseconds. 0 or an errno.
 static int FaultInPages(void* addr, size_t length, unsigned access) {
   if (length == 0) return 0;
   const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
@@ -346,10 +351,6 @@ static int FaultInPages(void* addr, size_t length, unsigned access) {
   if (end < a) return EINVAL;  // the range wraps
   constexpr unsigned kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
-#ifndef MADV_POPULATE_READ
-#define MADV_POPULATE_READ 22
-#define MADV_POPULATE_WRITE 23
-#endif
   int advice = (access & kWritable) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
   while (madvise(reinterpret_cast<void*>(start), end - start, advice) != 0) {
     if (errno == EINTR || errno == EAGAIN) continue;

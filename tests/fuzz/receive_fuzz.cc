@@ -118,8 +118,8 @@ class Peer {
     dst.sin_port = htons(port);
     inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
     if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) != 0 ||
-        !Next(RDMA_CM_EVENT_ADDR_RESOLVED, nullptr) || rdma_resolve_route(id_, 2000) != 0 ||
-        !Next(RDMA_CM_EVENT_ROUTE_RESOLVED, nullptr))
+        !Next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id_, 2000) != 0 ||
+        !Next(RDMA_CM_EVENT_ROUTE_RESOLVED))
       return false;
     pd_ = ibv_alloc_pd(id_->verbs);
     cq_ = ibv_create_cq(id_->verbs, 128, nullptr, nullptr, 0);
@@ -152,7 +152,7 @@ class Peer {
     p.rnr_retry_count = 1;  // more messages than credits: an error, not a hang
     p.retry_count = 1;
     if (rdma_connect(id_, &p) != 0) return false;
-    return Next(RDMA_CM_EVENT_ESTABLISHED, nullptr);
+    return Next(RDMA_CM_EVENT_ESTABLISHED);
   }
 
   // A message: header `h` and `n` stream bytes from position `at`.
@@ -210,7 +210,7 @@ class Peer {
   void Close() {
     if (id_ != nullptr && qp_ != nullptr) {
       rdma_disconnect(id_);
-      Next(RDMA_CM_EVENT_DISCONNECTED, nullptr);
+      Next(RDMA_CM_EVENT_DISCONNECTED);
     }
     if (qp_ != nullptr) rdma_destroy_qp(id_);
     qp_ = nullptr;
@@ -232,7 +232,7 @@ class Peer {
 
  private:
   // The next CM event within 2 s, if it is `want` (acked either way).
-  bool Next(rdma_cm_event_type want, void*) {
+  bool Next(rdma_cm_event_type want) {
     pollfd p{ch_->fd, POLLIN, 0};
     if (poll(&p, 1, 2000) != 1) return false;
     rdma_cm_event* e = nullptr;
@@ -415,11 +415,9 @@ void RunInput(FuzzedDataProvider& in) {
   peer.Pump(1000, true);
   {
     std::unique_lock<std::mutex> l(s.mu);
-    size_t seen = s.got.size();
     while (!s.closed && s.cv.wait_for(l, std::chrono::milliseconds(20)) !=
                             std::cv_status::timeout) {
     }
-    (void)seen;
     TRACE("delivered %zu of %llu, %s, %s\n", s.got.size(), (unsigned long long)pos,
           s.closed ? "closed" : "open", clean ? "clean" : "writes overlapped");
     for (size_t i = 0; i < s.held.size(); ++i)
