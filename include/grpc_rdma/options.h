@@ -64,7 +64,7 @@ struct Options {
   int eager_depth = 64;
   // TF_RDMA_POLL_MODE (adaptive | busy | event) and TF_RDMA_SPIN_US.
   PollMode poll_mode = PollMode::kAdaptive;
-  int spin_us = 50;
+  int spin_us = 200;
   // TF_RDMA_CONNECT_TIMEOUT_MS: how long a client tries RDMA CM before it
   // falls back (or fails).
   int connect_timeout_ms = 1000;

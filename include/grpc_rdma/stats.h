@@ -43,7 +43,12 @@
   X(fallbacks_remembered, "client connections sent to TCP at once (TF_RDMA_FALLBACK_TTL_S)") \
   X(connections_refused, "RDMA connection requests this process refused")                 \
   X(pinned_bytes, "registered (pinned) memory in use now, bytes")                         \
-  X(grpc_thread_polls, "times a gRPC thread handled RDMA completions itself")
+  X(grpc_thread_polls, "times a gRPC thread handled RDMA completions itself")            \
+  X(grpc_poller_spins, "waits of gRPC's poller thread that spun (TF_RDMA_SPIN_US after "  \
+                       "RDMA activity) instead of sleeping")                               \
+  X(grpc_poller_spin_hits, "... of them, those that found something ready while spinning") \
+  X(grpc_poller_spin_backoffs, "times spinning stopped for a while (100 ms, doubled while "  \
+                               "it recurs): yields found the cores wanted by other work")
 
 // X(name, what): counters of one device, besides the stream counters.
 #define GRPC_RDMA_DEVICE_COUNTERS(X)                                 \

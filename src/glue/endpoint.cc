@@ -118,6 +118,7 @@ void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, voi
     size_t n = GRPC_SLICE_LENGTH(slices->slices[i]);
     if (n > 0) iov.push_back({GRPC_SLICE_START_PTR(slices->slices[i]), n});
   }
+  NoteRdmaActivity();  // the answer is due soon: gRPC's poller may spin for it
   // The slices stay the caller's, untouched, until cb runs.
   Of(ep)->conn->Write(std::move(iov), [cb](absl::Status s) {
     RunClosure(cb, s.ok() ? absl::OkStatus() : ToGrpcError(s));

@@ -21,9 +21,26 @@
 //
 // An RDMA endpoint or listener still alive at grpc_shutdown keeps its
 // registration, and gRPC waits for it as for any leaked TCP endpoint.
+//
+// Spinning where the waiting thread is (TF_RDMA_POLL_MODE=adaptive): the
+// thread that waits for a call is the one in epoll_wait on gRPC's epoll
+// set (epoll1 lets one thread at a time do that). For TF_RDMA_SPIN_US
+// after RDMA activity (a completion handled, a write), that epoll_wait
+// polls the set without blocking until something is ready, so the peer's
+// doorbell finds a running thread instead of one to wake; after that it
+// blocks as before (no CPU when idle). epoll_wait is interposed (this
+// library defines it at glibc's version, see libgrpc_rdma.map) and only
+// gRPC's own set is touched: it is learned from the first epoll_wait that
+// returns one of our registered descriptors; every other caller goes
+// straight to glibc's.
+#include <dlfcn.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -47,6 +64,171 @@ struct PollRegistration {
 
 namespace {
 
+// --- spinning in gRPC's poller thread -------------------------------------
+
+using EpollWaitFn = int (*)(int, epoll_event*, int, int);
+
+// epoll_pwait with no signal mask is epoll_wait (glibc implements it so on
+// some architectures): used if the next epoll_wait cannot be found.
+int PlainEpollWait(int epfd, epoll_event* events, int maxevents, int timeout) {
+  return epoll_pwait(epfd, events, maxevents, timeout, nullptr);
+}
+
+// The epoll_wait this library's definition stands in front of: glibc's,
+// or a sanitizer's interceptor loaded before us.
+EpollWaitFn RealEpollWait() {
+  static std::atomic<EpollWaitFn> fn{nullptr};
+  EpollWaitFn f = fn.load(std::memory_order_acquire);
+  if (f == nullptr) {
+    f = reinterpret_cast<EpollWaitFn>(dlvsym(RTLD_NEXT, "epoll_wait", "GLIBC_2.3.2"));
+    if (f == nullptr) f = reinterpret_cast<EpollWaitFn>(dlsym(RTLD_NEXT, "epoll_wait"));
+    if (f == nullptr) f = PlainEpollWait;
+    fn.store(f, std::memory_order_release);
+  }
+  return f;
+}
+
+struct Spin {
+  std::atomic<int> grpc_epfd{-1};           // gRPC's epoll set, once learned
+  std::atomic<void*> learn_from{nullptr};   // a registered grpc_fd to learn it by
+  std::atomic<int64_t> window_ns{0};        // TF_RDMA_SPIN_US; 0: never spin
+  std::atomic<int64_t> last_activity{0};    // CLOCK_MONOTONIC ns
+  std::atomic<uint64_t> spins{0};           // epoll_waits that spun
+  std::atomic<uint64_t> spin_hits{0};       // ... and found something while spinning
+  std::atomic<int64_t> quiet_until{0};      // no spinning before (ns): the cores are wanted
+  std::atomic<uint64_t> backoffs{0};        // times spinning stopped for kQuietNs
+  std::mutex strike_mu;                     // the two below; taken after a long yield only
+  int64_t strikes_at = 0;                   // when `strikes` was last counted (ns)
+  int strikes = 0;                          // long yields, one forgiven every kForgiveNs
+  int64_t quiet_ns = 0;                     // the last quiet period's length
+};
+
+Spin& S() {
+  static auto* s = new Spin;
+  return *s;
+}
+
+// A yield that comes back after this long, while this process's threads
+// did not use the time, gave the core to another program's thread that
+// kept it: work of lower priority (a nice 19 batch job, a SCHED_IDLE
+// thread) runs until the scheduler's next tick, while a thread that had
+// blocked instead would be woken and preempt it. Where such work shares the
+// cores, spinning costs 4-5 ms at the 99th percentile (measured: 64 B p99
+// 4.9 ms against 0.27 ms without spinning, next to two nice 19 busy loops).
+// One such yield now and then is the hypervisor or the peer (a quiet
+// ping-pong here: 0-5 in 2 s, of 33,000 spins; next to the two busy loops:
+// 500-570 of 4,300): kStrikesOut of them within about kStrikesOut x
+// kForgiveNs stop spinning for a quiet period: kQuietNs, doubled (up to
+// kQuietMaxNs) each time the strikes come back within two quiet periods of
+// the last one's end, as they do while such work goes on (a quiet period
+// of 100 ms each time still left 64 B p99 at 2.9 ms next to two idle-class
+// busy loops). (A long yield to a thread of this process, copying a large
+// message, is no strike: that work was ours.)
+constexpr int64_t kYieldTooLongNs = 500 * 1000;
+constexpr int kStrikesOut = 3;
+constexpr int64_t kForgiveNs = 50 * 1000 * 1000;
+constexpr int64_t kQuietNs = 100 * 1000 * 1000;
+constexpr int64_t kQuietMaxNs = 10LL * 1000 * 1000 * 1000;
+
+int64_t ProcessCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void StrikeLongYield(int64_t now) {
+  std::lock_guard<std::mutex> g(S().strike_mu);
+  int64_t forgiven = (now - S().strikes_at) / kForgiveNs;
+  S().strikes = forgiven >= S().strikes ? 0 : S().strikes - static_cast<int>(forgiven);
+  S().strikes_at = now;
+  if (++S().strikes >= kStrikesOut) {
+    S().strikes = 0;
+    int64_t last_end = S().quiet_until.load(std::memory_order_relaxed);
+    bool again = S().quiet_ns > 0 && now - last_end < 2 * S().quiet_ns;
+    S().quiet_ns = again ? std::min(2 * S().quiet_ns, kQuietMaxNs) : kQuietNs;
+    S().quiet_until.store(now + S().quiet_ns, std::memory_order_relaxed);
+    S().backoffs.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+int64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void NoteActivity() {
+  if (S().window_ns.load(std::memory_order_relaxed) > 0) {
+    S().last_activity.store(NowNs(), std::memory_order_relaxed);
+  }
+}
+
+// While gRPC's set is unknown: did this wait return `learn_from`?
+// (epoll1 keeps the grpc_fd in data.ptr, its lowest bit a flag.)
+void MaybeLearn(int epfd, const epoll_event* ev, int n) {
+  void* want = S().learn_from.load(std::memory_order_relaxed);
+  if (want == nullptr) return;
+  for (int i = 0; i < n; i++) {
+    auto p = reinterpret_cast<uintptr_t>(ev[i].data.ptr) & ~static_cast<uintptr_t>(1);
+    if (p == reinterpret_cast<uintptr_t>(want)) {
+      S().grpc_epfd.store(epfd, std::memory_order_relaxed);
+      S().learn_from.store(nullptr, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+// Counters for the stats and tests: waits that spun, and of those, the
+// ones that found something ready before their window ended.
+uint64_t PollerSpins() { return S().spins.load(std::memory_order_relaxed); }
+uint64_t PollerSpinHits() { return S().spin_hits.load(std::memory_order_relaxed); }
+uint64_t PollerSpinBackoffs() { return S().backoffs.load(std::memory_order_relaxed); }
+void NoteRdmaActivity() { NoteActivity(); }
+
+namespace {
+
+int SpinningEpollWait(int epfd, epoll_event* events, int maxevents, int timeout) {
+  EpollWaitFn real = RealEpollWait();
+  int64_t window = S().window_ns.load(std::memory_order_relaxed);
+  if (window > 0 && timeout != 0 && epfd == S().grpc_epfd.load(std::memory_order_relaxed)) {
+    int64_t now = NowNs();
+    int64_t end = S().last_activity.load(std::memory_order_relaxed) + window;
+    if (now < S().quiet_until.load(std::memory_order_relaxed)) end = now;
+    if (timeout > 0) end = std::min(end, now + static_cast<int64_t>(timeout) * 1000000);
+    if (now < end) {
+      S().spins.fetch_add(1, std::memory_order_relaxed);
+      int64_t start = now;
+      do {
+        int n = real(epfd, events, maxevents, 0);
+        if (n != 0) {
+          if (n > 0) S().spin_hits.fetch_add(1, std::memory_order_relaxed);
+          return n;
+        }
+        // Two cores may hold more runnable threads than that (the peer's,
+        // the device's, another of gRPC's): a spinner gives its core to any.
+        int64_t before = now, cpu_before = ProcessCpuNs();
+        sched_yield();
+        now = NowNs();
+        if (now - before > kYieldTooLongNs) {
+          if (ProcessCpuNs() - cpu_before < (now - before) / 2) StrikeLongYield(now);
+          break;  // to the blocking wait: the next answer preempts whoever has the core
+        }
+      } while (now < end);
+      if (timeout > 0) {
+        // What is left of the caller's timeout, rounded up.
+        int64_t left = static_cast<int64_t>(timeout) * 1000000 - (now - start);
+        if (left <= 0) return 0;
+        timeout = static_cast<int>((left + 999999) / 1000000);
+      }
+    }
+  }
+  int n = real(epfd, events, maxevents, timeout);
+  if (n > 0 && S().grpc_epfd.load(std::memory_order_relaxed) < 0) MaybeLearn(epfd, events, n);
+  return n;
+}
+
 std::mutex& Mu() {
   static auto* mu = new std::mutex;
   return *mu;
@@ -64,7 +246,7 @@ EnginePolling& E() {
 
 void OnReadable(void* arg, grpc_error_handle error) {
   auto* r = static_cast<PollRegistration*>(arg);
-  if (error.ok()) r->poll();
+  if (error.ok() && r->poll()) NoteActivity();
   {
     std::lock_guard<std::mutex> g(Mu());
     if (!r->stopped) {
@@ -90,6 +272,7 @@ PollRegistration* RegisterLocked(int fd, const char* name, std::function<bool()>
   auto* r = new PollRegistration;
   r->poll = std::move(poll);
   r->fd = grpc_fd_create(dup, name, false);
+  if (S().grpc_epfd.load(std::memory_order_relaxed) < 0) S().learn_from.store(r->fd);
   GRPC_CLOSURE_INIT(&r->on_readable, OnReadable, r, nullptr);
   grpc_fd_notify_on_read(r->fd, &r->on_readable);
   return r;
@@ -102,6 +285,8 @@ PollRegistration* RegisterLocked(int fd, const char* name, std::function<bool()>
 // shuts down.
 void UnregisterLocked(PollRegistration* r, const char* why) {
   r->stopped = true;
+  void* registered = r->fd;
+  S().learn_from.compare_exchange_strong(registered, nullptr);
   int fd = -1;
   grpc_fd_orphan(r->fd, nullptr, &fd, why);
   if (fd >= 0) close(fd);
@@ -114,6 +299,9 @@ void Runtime::AcquirePolling() {
   if (e == nullptr || options_.poll_mode == PollMode::kBusy) return;
   std::lock_guard<std::mutex> g(Mu());
   if (E().users++ > 0 || !Supported()) return;
+  if (options_.poll_mode == PollMode::kAdaptive && options_.spin_us > 0) {
+    S().window_ns.store(static_cast<int64_t>(options_.spin_us) * 1000);
+  }
   E().current = RegisterLocked(e->event_fd(), "grpc_rdma engine", [e] { return e->PollNow(); });
   if (E().current == nullptr) return;
   e->SetExternalPolling(true);
@@ -125,6 +313,10 @@ void Runtime::ReleasePolling() {
   if (E().users == 0 || --E().users > 0 || E().current == nullptr) return;
   PollRegistration* r = E().current;
   E().current = nullptr;
+  // gRPC may shut down and make a new epoll set (another descriptor) for
+  // the next endpoint: learned again then.
+  S().window_ns.store(0);
+  S().grpc_epfd.store(-1);
   engine()->SetExternalPolling(false);
   UnregisterLocked(r, "grpc_rdma: no RDMA connection left");
 }
@@ -152,3 +344,12 @@ void Runtime::StopPollingConnection(PollRegistration* r, Connection* conn) {
 }
 
 }  // namespace grpc_rdma
+
+// gRPC's epoll1 poller calls epoll_wait through the PLT: this definition,
+// exported at glibc's version (libgrpc_rdma.map), comes first when the
+// library is preloaded or linked before libc.
+extern "C" __attribute__((visibility("default"))) int epoll_wait(int epfd,
+                                                                 struct epoll_event* events,
+                                                                 int maxevents, int timeout) {
+  return grpc_rdma::SpinningEpollWait(epfd, events, maxevents, timeout);
+}

@@ -302,6 +302,9 @@ Stats GetStats() {
   s.rdma_connections_open = c.rdma_open;
   s.fallbacks = c.fallbacks;
   s.fallbacks_remembered = c.fallbacks_remembered;
+  s.grpc_poller_spins = PollerSpins();
+  s.grpc_poller_spin_hits = PollerSpinHits();
+  s.grpc_poller_spin_backoffs = PollerSpinBackoffs();
   s.version = GRPC_RDMA_VERSION_STRING;
   s.grpc_version = GRPC_RDMA_GRPC_VERSION_STRING;
   if (Runtime* rt = Runtime::Get()) {

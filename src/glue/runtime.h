@@ -73,6 +73,15 @@ class Runtime {
   std::map<std::string, std::chrono::steady_clock::time_point> failed_;
 };
 
+// Spinning in gRPC's poller thread (grpc_polling.cc): RDMA activity
+// opens a window of TF_RDMA_SPIN_US in which the thread waiting in gRPC's
+// epoll set polls instead of sleeping. Counters: waits that spun, and
+// those that found something ready while spinning.
+void NoteRdmaActivity();
+uint64_t PollerSpins();
+uint64_t PollerSpinHits();
+uint64_t PollerSpinBackoffs();
+
 // The IPv4 address of `addr` (plain or v4-mapped IPv6); false for others.
 bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out);
 // True for 0.0.0.0 and ::.

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -97,6 +99,39 @@ TEST_F(E2eTest, UnaryEverySize) {
   EXPECT_GT(Delta("grpc_thread_polls"), 0) << "gRPC's threads never handled a completion";
   EXPECT_GT(Delta("eager_messages"), 0);
   EXPECT_GT(Delta("rendezvous"), 0);
+}
+
+// TF_RDMA_POLL_MODE=adaptive (the default) with TF_RDMA_SPIN_US > 0: the
+// thread waiting in gRPC's epoll set spins after RDMA activity, and small
+// calls' answers are found while it does. CTest also runs this with
+// TF_RDMA_SPIN_US=0, where it must never spin.
+TEST_F(E2eTest, PollerSpinsForSmallCallsOnlyWhenAsked) {
+  const char* spin = getenv("TF_RDMA_SPIN_US");
+  const char* mode = getenv("TF_RDMA_POLL_MODE");
+  const bool spinning = (spin == nullptr || atoi(spin) > 0) &&
+                        (mode == nullptr || strcmp(mode, "adaptive") == 0);
+  auto stub = NewStub();
+  const int kCalls = 200;
+  for (int i = 0; i < kCalls; ++i) {
+    Blob req, resp;
+    req.set_data(Pattern(64, 900 + i));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(30));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << "call " << i << ": " << s.error_message();
+    ASSERT_TRUE(resp.data() == req.data()) << "call " << i << " came back different";
+  }
+  ExpectRdma(1, 64 * kCalls);
+  int64_t spins = Delta("grpc_poller_spins"), hits = Delta("grpc_poller_spin_hits");
+  EXPECT_LE(hits, spins);
+  if (spinning) {
+    EXPECT_GT(spins, 0) << "gRPC's poller never spun after RDMA activity: is epoll_wait "
+                           "interposed (libgrpc_rdma.so's GLIBC_2.3.2 epoll_wait)?";
+    EXPECT_GT(hits, 0) << "no answer of " << kCalls << " calls was found while spinning";
+  } else {
+    EXPECT_EQ(spins, 0) << "TF_RDMA_SPIN_US=" << (spin ? spin : "") << " TF_RDMA_POLL_MODE="
+                        << (mode ? mode : "") << " must not spin";
+  }
 }
 
 TEST_F(E2eTest, ClientStreaming) {
