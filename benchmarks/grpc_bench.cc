@@ -96,11 +96,13 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // CPU time a process has run: all of it from the process's CPU-time clock
 // (clock_getcpuclockid: user and system time of every thread, threads that
 // ended included, as gRPC's sync server starts and ends threads as load
-// changes), and the emulated RDMA device's part from
-// /proc/PID/task/*/schedstat of softverbs' agent threads (named
-// "softverbs-agent", they live as long as the process): the work an HCA
-// would take off the host's CPUs. Both count the scheduler's nanoseconds,
-// so the part is never more than the whole.
+// changes), and the emulated RDMA device's part: the CPU time of softverbs'
+// agent threads from /proc/PID/task/*/schedstat (named "softverbs-agent",
+// they live as long as the process), plus the device work softverbs did on
+// the application's threads (copies on post, frames moved by polls and
+// completion-channel waits), which it keeps in SOFTVERBS_DEVICE_CPU_DIR/PID
+// when that is set (the runner sets it). That is the work an HCA would take
+// off the host's CPUs.
 struct CpuTime {
   double total_s = 0, device_s = 0;
   CpuTime operator-(const CpuTime& o) const { return {total_s - o.total_s, device_s - o.device_s}; }
@@ -128,6 +130,11 @@ CpuTime CpuOf(int pid) {
       if (comm == "softverbs-agent") t.device_s += ns * 1e-9;
     }
     closedir(d);
+  }
+  if (const char* dir = getenv("SOFTVERBS_DEVICE_CPU_DIR")) {
+    std::ifstream f(std::string(dir) + "/" + std::to_string(pid), std::ios::binary);
+    uint64_t ns = 0;
+    if (f.read(reinterpret_cast<char*>(&ns), sizeof(ns))) t.device_s += ns * 1e-9;
   }
   return t;
 }

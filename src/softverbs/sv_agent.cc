@@ -32,6 +32,7 @@ void Runtime::StartAgent() {
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     std::thread([this] {
       pthread_setname_np(pthread_self(), "softverbs-agent");  // for top, gdb, perf
+      MarkAgentThread();  // its CPU time is the device's already
       AgentMain();
     }).detach();
   });

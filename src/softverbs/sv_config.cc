@@ -3,14 +3,19 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -213,6 +218,7 @@ ConfigResult Load() {
   if (const char* s = getenv("SOFTVERBS_STATS")) {
     c.stats = (strcmp(s, "1") == 0) ? "stderr" : s;
   }
+  if (const char* s = getenv("SOFTVERBS_DEVICE_CPU_DIR")) c.device_cpu_dir = s;
   return r;
 }
 
@@ -324,6 +330,71 @@ void InstallStatsDump() {
   std::call_once(once, [] {
     if (!GetConfig().stats.empty()) atexit(DumpStats);
   });
+}
+
+// ------------------------------------- device work on application threads ---
+
+namespace {
+
+thread_local bool tls_agent = false;
+thread_local int tls_device_depth = 0;
+
+std::atomic<uint64_t>* g_device_ns = nullptr;  // the mapped total, once made
+std::atomic<bool> g_device_tried{false};       // made, or failed and said so
+std::mutex g_device_mu;
+
+uint64_t NowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void DeviceWorkForked() {
+  // The mapping is the parent's file: the child counts in its own.
+  g_device_ns = nullptr;
+  g_device_tried.store(false);
+}
+
+std::atomic<uint64_t>* DeviceTotal() {
+  if (g_device_tried.load(std::memory_order_acquire)) return g_device_ns;
+  std::lock_guard<std::mutex> g(g_device_mu);
+  if (g_device_tried.load(std::memory_order_relaxed)) return g_device_ns;
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, DeviceWorkForked); });
+  std::string path = GetConfig().device_cpu_dir + "/" + std::to_string(getpid());
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  void* m = MAP_FAILED;
+  if (fd >= 0 && ftruncate(fd, sizeof(uint64_t)) == 0) {
+    m = mmap(nullptr, sizeof(uint64_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (m == MAP_FAILED) {
+    Warn("SOFTVERBS_DEVICE_CPU_DIR: cannot keep %s: %s; device work is not counted",
+         path.c_str(), strerror(errno));
+  } else {
+    g_device_ns = new (m) std::atomic<uint64_t>(0);
+  }
+  if (fd >= 0) close(fd);
+  g_device_tried.store(true, std::memory_order_release);
+  return g_device_ns;
+}
+
+}  // namespace
+
+void MarkAgentThread() { tls_agent = true; }
+
+DeviceWork::DeviceWork() {
+  if (tls_agent || tls_device_depth++ > 0) return;
+  static const bool on = !GetConfig().device_cpu_dir.empty();
+  if (on) start_ns_ = NowNs();
+}
+
+DeviceWork::~DeviceWork() {
+  if (tls_agent) return;
+  --tls_device_depth;
+  if (start_ns_ == 0) return;
+  if (std::atomic<uint64_t>* total = DeviceTotal()) {
+    total->fetch_add(NowNs() - start_ns_, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace softverbs

@@ -156,13 +156,16 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
   bool did = false;
-  uint64_t now = NowUs();
-  for (Qp* qp : cq->qps) {
-    if (qp->link == nullptr || qp->link->state != LinkState::kUp) continue;
-    // An armed CQ's owner is about to sleep on its channel: producers must
-    // keep ringing the doorbell (see ReqNotifyCq).
-    if (!armed) LinkMarkPolled(qp->link, now);
-    did |= rt.ProgressLinkLocked(qp->link);
+  {
+    DeviceWork work;
+    uint64_t now = NowUs();
+    for (Qp* qp : cq->qps) {
+      if (qp->link == nullptr || qp->link->state != LinkState::kUp) continue;
+      // An armed CQ's owner is about to sleep on its channel: producers must
+      // keep ringing the doorbell (see ReqNotifyCq).
+      if (!armed) LinkMarkPolled(qp->link, now);
+      did |= rt.ProgressLinkLocked(qp->link);
+    }
   }
   lk.unlock();
   return did ? take() : 0;
@@ -172,6 +175,7 @@ int ReqNotifyCq(ibv_cq* ibcq, int solicited_only) {
   Cq* cq = ToCq(ibcq);
   Runtime& rt = Runtime::Get();
   std::lock_guard<std::mutex> g(rt.mu);  // no completion slips in between
+  DeviceWork work;
   {
     std::lock_guard<std::mutex> gc(cq->mu);
     cq->armed = true;
@@ -277,6 +281,7 @@ ibv_cq* DriveDelegated(CompChannel* ch, bool direct) {
   if (ch->n_delegated.load(std::memory_order_relaxed) == 0) return nullptr;
   Runtime& rt = Runtime::Get();
   std::lock_guard<std::mutex> g(rt.mu);
+  DeviceWork work;
   tls_driving = direct ? ch : nullptr;
   tls_direct_event = nullptr;
   std::vector<Link*> links = ch->delegated;  // handling may undelegate

@@ -65,6 +65,7 @@ struct Config {
   int max_sge = 16;
   int max_inline = 256;
   std::string stats;             // "", "stderr" or a file to append to
+  std::string device_cpu_dir;    // "" or where DIR/<pid> keeps device work on app threads
   bool trace = false;
   int cm_port_xor = 0x8000;      // RDMA CM port P listens on TCP port P^xor
   int resolve_us = 1000;         // address and route resolution take this long
@@ -82,6 +83,27 @@ enum StatOp { kStatSend, kStatSendImm, kStatWrite, kStatWriteImm, kStatRead,
 void CountTx(int dev_index, StatOp op, uint64_t bytes);
 void CountRx(int dev_index, StatOp op, uint64_t bytes);
 void InstallStatsDump();
+
+// Device work done on application threads: posting copies a send's bytes
+// into the wire, and polls, arms and completion-channel waits move frames
+// in; an HCA does all of that. A DeviceWork scope around such work adds its
+// wall time (the thread runs throughout: no blocking inside a scope) to a
+// running total, which benchmarks count apart from the host's own work, as
+// they count the agent thread's. Kept only with SOFTVERBS_DEVICE_CPU_DIR:
+// nanoseconds, a uint64_t in the file DIR/<pid>, updated in place (a
+// process forked from it starts its own). Nested scopes count once; the
+// agent thread's work is never counted here (its CPU time is its own).
+class DeviceWork {
+ public:
+  DeviceWork();
+  ~DeviceWork();
+  DeviceWork(const DeviceWork&) = delete;
+  DeviceWork& operator=(const DeviceWork&) = delete;
+
+ private:
+  uint64_t start_ns_ = 0;  // 0: not counting
+};
+void MarkAgentThread();
 
 // --------------------------------------------------------------- objects ---
 

@@ -572,6 +572,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp* qp = ToQp(ibqp);
   const Config& cfg = GetConfig();
   std::lock_guard<std::mutex> g(Rt().mu);
+  DeviceWork work;  // frames into the wire: an HCA's work (after the lock: no waiting in it)
   for (; wr != nullptr; wr = wr->next) {
     int err = 0;
     if (qp->qp.state != IBV_QPS_RTS && qp->qp.state != IBV_QPS_ERR) err = EINVAL;

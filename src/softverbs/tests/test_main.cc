@@ -15,6 +15,7 @@ int ScenarioStats();
 int ScenarioExchange();
 int ScenarioListDevices();
 int ScenarioMemlock();
+int ScenarioDeviceCpu();
 
 #if defined(__SANITIZE_ADDRESS__)
 // ChannelTest.BlockedWaiterCanBeCancelled ends a thread with pthread_cancel;
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
     if (s == "exchange") return ScenarioExchange();
     if (s == "list-devices") return ScenarioListDevices();
     if (s == "memlock") return ScenarioMemlock();
+    if (s == "device-cpu") return ScenarioDeviceCpu();
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 100;
   }
