@@ -18,6 +18,7 @@
   X(bytes_sent, "stream bytes sent")                                                      \
   X(bytes_received, "stream bytes received")                                              \
   X(eager_messages, "SENDs of small writes, coalesced up to TF_RDMA_ACC_SIZE")            \
+  X(inline_messages, "... of them small enough to go inline (the QP's max_inline_data)")  \
   X(coalesced_writes, "writes that shared a SEND with another")                           \
   X(rendezvous, "large writes sent by rendezvous (announced, pulled in chunks)")          \
   X(rendezvous_pre_granted, "... of them written at once into a grant the peer left")     \

@@ -167,6 +167,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool WriteStandingLocked(Deferred* d);
   bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
   bool SendEagerLocked(Deferred* d);
+  size_t NextEagerBytesLocked() const;
+  static constexpr size_t kMaxInlineBytes = 256;  // the most an eager SEND carries inline
   bool WriteChunkLocked(Deferred* d);
   void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
   // A buffer, or nullptr: closed on error, or waiting for pinned memory.
@@ -223,6 +225,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   absl::Status close_status_;
   uint32_t peer_acc_ = 0;
   uint32_t eager_limit_ = 0;  // largest eager write: peer_acc_, if we can stage it
+  uint32_t max_inline_ = 0;   // the QP's inline limit: eager messages this small go inline
   int peer_standing_ = 0;     // standing grants the peer accepts (its Hello)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
   bool armed_solicited_ = false;  // the CQ's last arm was solicited-only

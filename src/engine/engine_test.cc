@@ -341,6 +341,42 @@ TEST(Engine, CountsTheBytesItCopies) {
   p.Close();
 }
 
+// Eager messages that fit the QP's inline limit (256 bytes over softverbs,
+// the 32-byte header included) travel inside the work request; larger ones
+// from a registered buffer. Both arrive byte for byte, in order.
+TEST(Engine, SmallEagerMessagesGoInline) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s);
+  std::string tiny = Pattern(1, 3), fits = Pattern(256 - 32, 4), over = Pattern(256 - 31, 5);
+  ASSERT_TRUE(WriteAll(*p.c, tiny).ok());
+  ASSERT_TRUE(WriteAll(*p.c, fits).ok());
+  ASSERT_TRUE(at_server.WaitFor(tiny.size() + fits.size()));
+  ConnectionStats c = p.c->stats();
+  EXPECT_EQ(c.inline_messages, c.eager_messages) << "every message so far fits inline";
+  EXPECT_GE(c.inline_messages, 1u);
+  uint64_t inline_before = c.inline_messages, eager_before = c.eager_messages;
+  ASSERT_TRUE(WriteAll(*p.c, over).ok());
+  ASSERT_TRUE(at_server.WaitFor(tiny.size() + fits.size() + over.size()));
+  c = p.c->stats();
+  EXPECT_EQ(c.eager_messages, eager_before + 1);
+  EXPECT_EQ(c.inline_messages, inline_before) << "257 bytes with the header: not inline";
+  EXPECT_TRUE(at_server.data() == tiny + fits + over);
+  // Both ways, many: the server's answers too.
+  Sink at_client(p.c);
+  std::string all;
+  for (int i = 0; i < 200; ++i) {
+    std::string m = Pattern(1 + (i * 7) % 300, 100 + i);
+    all += m;
+    ASSERT_TRUE(WriteAll(*p.s, m).ok());
+  }
+  ASSERT_TRUE(at_client.WaitFor(all.size()));
+  EXPECT_TRUE(at_client.data() == all);
+  EXPECT_GT(p.s->stats().inline_messages, 0u);
+  EXPECT_LT(p.s->stats().inline_messages, p.s->stats().eager_messages);
+  p.Close();
+}
+
 // Received bytes the engine copies go into the reader's ChunkMemory (the
 // glue's: gRPC slices), once, and are released once: when the chunk goes,
 // or by the reader after it took them over.

@@ -85,11 +85,34 @@ void ConnImpl::ReleaseInflightLocked(uint64_t wr_id) {
   inflight_.erase(it);
 }
 
-// Coalesces the small writes at the head of the queue into one SEND.
+// Bytes the next eager SEND will carry (SendEagerLocked's loop, without
+// taking anything).
+size_t ConnImpl::NextEagerBytesLocked() const {
+  size_t len = 0;
+  for (const WriteOp& op : writes_) {
+    if (len >= eager_limit_ || op.total > eager_limit_) break;
+    size_t n = std::min(op.total - op.copied, eager_limit_ - len);
+    len += n;
+    if (op.copied + n < op.total) break;
+  }
+  return len;
+}
+
+// Coalesces the small writes at the head of the queue into one SEND: from
+// the stack, inline, when it fits the QP's inline limit; else from a
+// registered staging buffer held until the send completes.
 bool ConnImpl::SendEagerLocked(Deferred* d) {
-  PinnedBuffer* buf = GetOrWaitLocked(*local_pool_, eager_limit_ + wire::kHeaderBytes, d);
-  if (buf == nullptr) return false;
-  char* p = buf->data + wire::kHeaderBytes;
+  alignas(8) char stack[kMaxInlineBytes];
+  const bool inline_send = NextEagerBytesLocked() + wire::kHeaderBytes <=
+                           std::min<size_t>(max_inline_, sizeof(stack));
+  PinnedBuffer* buf = nullptr;
+  char* base = stack;
+  if (!inline_send) {
+    buf = GetOrWaitLocked(*local_pool_, eager_limit_ + wire::kHeaderBytes, d);
+    if (buf == nullptr) return false;
+    base = buf->data;
+  }
+  char* p = base + wire::kHeaderBytes;
   size_t len = 0;
   int ops = 0;
   while (!writes_.empty() && len < eager_limit_) {
@@ -110,25 +133,26 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   h.version = static_cast<uint8_t>(wire::kVersion);
   h.len = static_cast<uint32_t>(len);
   h.credits = flow_.owed();
-  memcpy(buf->data, &h, sizeof(h));
-  ibv_sge sge{reinterpret_cast<uint64_t>(buf->data), static_cast<uint32_t>(len + sizeof(h)),
-              buf->reg.lkey};
+  memcpy(base, &h, sizeof(h));
+  ibv_sge sge{reinterpret_cast<uint64_t>(base), static_cast<uint32_t>(len + sizeof(h)),
+              buf != nullptr ? buf->reg.lkey : 0};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | (inline_send ? IBV_SEND_INLINE : 0);
   if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
-    local_pool_->Put(buf);
+    if (buf != nullptr) local_pool_->Put(buf);
     FailLocked(absl::InternalError("ibv_post_send failed"), d);
     return false;
   }
   flow_.Told(h.credits);
-  inflight_[wr.wr_id] = buf;
+  if (buf != nullptr) inflight_[wr.wr_id] = buf;
   flow_.Sent();
   stats_.bytes_sent += len;
   ++stats_.eager_messages;
+  if (inline_send) ++stats_.inline_messages;
   if (ops > 1) stats_.coalesced_writes += ops;
   return true;
 }
