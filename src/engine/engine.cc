@@ -363,8 +363,39 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
   };
 }
 
+namespace {
+const char* DeviceNameOf(rdma_cm_id* id) {
+  const char* n = id != nullptr && id->verbs != nullptr ? ibv_get_device_name(id->verbs->device)
+                                                         : nullptr;
+  return n != nullptr ? n : "(unknown)";
+}
+}  // namespace
+
 void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred* d) {
   if (e->event == RDMA_CM_EVENT_CONNECT_REQUEST) return OnConnectRequestLocked(e, listener, d);
+  if (e->event == RDMA_CM_EVENT_DEVICE_REMOVAL || e->event == RDMA_CM_EVENT_ADDR_CHANGE) {
+    // A listening id's own event: the kernel waits for a removed device's
+    // ids to be destroyed, so the listener goes (clients then find no RDMA
+    // listener and fall back to TCP); an address change is only said.
+    for (size_t i = 0; i < listeners_.size(); ++i) {
+      if (!listeners_[i] || listeners_[i].get() != e->id) continue;
+      uint16_t port = ntohs(rdma_get_src_port(e->id));
+      if (e->event == RDMA_CM_EVENT_ADDR_CHANGE) {
+        GRPC_RDMA_LOG_ERROR("the address of the RDMA device under the listener on port %d "
+                            "changed (RDMA_CM_EVENT_ADDR_CHANGE); it keeps listening",
+                            port);
+        return;
+      }
+      GRPC_RDMA_LOG_ERROR("the RDMA device under the listener on port %d was removed "
+                          "(RDMA_CM_EVENT_DEVICE_REMOVAL): it stops listening for RDMA; "
+                          "clients fall back to TCP",
+                          port);
+      auto gone = std::make_shared<CmId>(std::move(listeners_[i]));
+      accept_fns_[i] = nullptr;
+      d->push_back([gone] {});  // destroyed after the locks are dropped (see StopListening)
+      return;
+    }
+  }
   std::shared_ptr<ConnImpl> c = Find(e->id);
   if (c == nullptr) return;
   std::lock_guard<std::mutex> cl(c->mu());
@@ -425,6 +456,26 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
           absl::UnavailableError(absl::StrCat("RDMA connection failed: ", rdma_event_str(e->event),
                                               " (status ", e->status, ")")),
           d);
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: {
+      // The device is going (unplugged, driver unbound): this connection
+      // ends now, its memory and QP are given back so the removal can
+      // finish, and a new connection finds no device and goes by TCP.
+      static std::atomic<bool> said{false};
+      if (!said.exchange(true)) {
+        GRPC_RDMA_LOG_ERROR("the RDMA device %s was removed (RDMA_CM_EVENT_DEVICE_REMOVAL): "
+                            "its connections are closed; new ones fall back to TCP",
+                            DeviceNameOf(e->id));
+      }
+      absl::Status why = absl::UnavailableError(
+          "the RDMA device was removed (RDMA_CM_EVENT_DEVICE_REMOVAL)");
+      c->FailLocked(why, d);
+      return FailConnectLocked(c.get(), why, d);
+    }
+    case RDMA_CM_EVENT_ADDR_CHANGE:
+      GRPC_RDMA_LOG_ERROR("the address of RDMA device %s changed (RDMA_CM_EVENT_ADDR_CHANGE); "
+                          "its connections carry on, new ones resolve anew",
+                          DeviceNameOf(e->id));
+      return;
     case RDMA_CM_EVENT_DISCONNECTED:
       // The device's word on why first (an access error it refused the
       // peer for is queued before the peer can know of it and go), then

@@ -30,6 +30,10 @@ struct CmGlobals {
   std::set<CmId*> ids;
   std::vector<ibv_context*> device_ctxs;  // DeviceContext, by device index
   std::vector<ibv_pd*> device_pds;        // DevicePd, likewise
+  // SOFTVERBS_DEVICE_REMOVAL_MS: when the devices go (0: not scheduled),
+  // and whether they went.
+  uint64_t removal_due_us = 0;
+  bool removed = false;
 };
 std::atomic<CmGlobals*> g_cm{new CmGlobals()};
 
@@ -173,7 +177,69 @@ void ConnectQp(CmId* id, const rdma_conn_param& mine) {
   id->link->qp = qp;
 }
 
+namespace {
+
+// The CM's timer word: the first delayed event's time, else the removal's,
+// else 1 while a connect waits for its deadline, else 0 (no timers).
+void UpdateCmTimers() {
+  CmGlobals* g = g_cm.load();
+  bool connecting = false;
+  for (CmId* id : g->ids) connecting |= id->state == CmState::kConnecting;
+  uint64_t next = !g->delayed.empty() ? g->delayed.front().due_us : 0;
+  if (g->removal_due_us != 0 && !g->removed && (next == 0 || g->removal_due_us < next))
+    next = g->removal_due_us;
+  Rt().cm_timers.store(next != 0 ? next : connecting ? 1 : 0);
+}
+
+// The first connection of the process is up: the removal fault, if set,
+// is due SOFTVERBS_DEVICE_REMOVAL_MS from now.
+void ScheduleDeviceRemoval() {
+  CmGlobals* g = g_cm.load();
+  int ms = GetConfig().device_removal_ms;
+  if (ms == 0 || g->removal_due_us != 0) return;
+  g->removal_due_us = NowUs() + static_cast<uint64_t>(ms) * 1000;
+  UpdateCmTimers();
+  Rt().StartAgent();
+  Rt().Wake();
+}
+
+// The devices go, as when an HCA is unplugged or its driver unbound: every
+// id on one (listening, connecting or connected) gets
+// RDMA_CM_EVENT_DEVICE_REMOVAL, connected QPs go to error (posted work
+// flushed) and their wires are cut (the peer sees its connection end), and
+// new ids find no device (bind and resolve fail with ENODEV).
+void RemoveDevices() {
+  CmGlobals* g = g_cm.load();
+  g->removed = true;
+  for (Device* d : Rt().devices) d->removed = true;
+  Warn("SOFTVERBS_DEVICE_REMOVAL_MS: the devices are removed now");
+  std::vector<CmId*> ids(g->ids.begin(), g->ids.end());
+  for (CmId* id : ids) {
+    switch (id->state) {
+      case CmState::kIdle:
+      case CmState::kDisconnected:
+      case CmState::kRejected:
+        continue;
+      case CmState::kListen:
+        id->state = CmState::kBound;  // requests that still come are refused
+        break;
+      default:
+        id->state = CmState::kDisconnected;
+        id->deadline_us = 0;
+        DropLink(id);
+        if (Qp* qp = IdQp(id); qp != nullptr && qp->qp.state != IBV_QPS_ERR &&
+                               qp->qp.state != IBV_QPS_RESET)
+          QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+        break;
+    }
+    PushEvent(id, RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+  }
+}
+
+}  // namespace
+
 void LinkUp(CmId* id) {
+  ScheduleDeviceRemoval();
   Link* l = id->link;
   char desc[96];
   snprintf(desc, sizeof(desc), "cm %s:%u %s", inet_ntoa(id->id.route.addr.dst_sin.sin_addr),
@@ -220,7 +286,7 @@ void PushEventLater(CmId* id, rdma_cm_event_type type) {
   }
   // Every delay is the same: the queue's front is the first due.
   DelayedEvents().push_back({NowUs() + static_cast<uint64_t>(delay), id, type});
-  Rt().cm_timers.store(DelayedEvents().front().due_us);
+  UpdateCmTimers();
   Rt().StartAgent();  // it delivers the event, even before any QP exists
   Rt().Wake();
 }
@@ -435,9 +501,9 @@ void OnTimers(uint64_t now) {
     d.pop_front();
     if (Ids().count(e.id)) PushEvent(e.id, e.type, 0);
   }
-  bool connecting = false;
-  for (CmId* id : Ids()) connecting |= id->state == CmState::kConnecting;
-  Rt().cm_timers.store(!d.empty() ? d.front().due_us : connecting ? 1 : 0);
+  CmGlobals* g = g_cm.load();
+  if (g->removal_due_us != 0 && !g->removed && g->removal_due_us <= now) RemoveDevices();
+  UpdateCmTimers();
   for (CmId* id : Ids()) {
     if (id->state == CmState::kConnecting && id->deadline_us != 0 && now > id->deadline_us) {
       id->deadline_us = 0;

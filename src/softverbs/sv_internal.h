@@ -69,6 +69,7 @@ struct Config {
   bool trace = false;
   int cm_port_xor = 0x8000;      // RDMA CM port P listens on TCP port P^xor
   int resolve_us = 1000;         // address and route resolution take this long
+  int device_removal_ms = 0;     // fault: the devices go this long after the first connection
 };
 
 const Config& GetConfig();
@@ -114,6 +115,7 @@ struct Device {
   uint16_t lid = 0;
   ibv_gid gid{};
   uint64_t guid = 0;
+  bool removed = false;  // SOFTVERBS_DEVICE_REMOVAL_MS: gone (under Runtime::mu)
 };
 
 struct Context {

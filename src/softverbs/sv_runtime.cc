@@ -157,7 +157,7 @@ void Runtime::CloseQpListener(Device* dev, size_t i) {
 
 Device* Runtime::DeviceForAddr(in_addr a) {
   for (Device* d : devices)
-    if (d->spec.addr.s_addr == a.s_addr) return d;
+    if (!d->removed && d->spec.addr.s_addr == a.s_addr) return d;
   return nullptr;
 }
 
@@ -166,15 +166,17 @@ Device* Runtime::DeviceForRoute(in_addr dst) {
   uint32_t ip = ntohl(dst.s_addr);
   if ((ip >> 24) == 127) {
     for (Device* d : devices)
-      if ((ntohl(d->spec.addr.s_addr) >> 24) == 127) return d;
+      if (!d->removed && (ntohl(d->spec.addr.s_addr) >> 24) == 127) return d;
   }
   for (Device* d : devices) {
     uint32_t m = d->spec.mask.s_addr;
-    if ((d->spec.addr.s_addr & m) == (dst.s_addr & m)) return d;
+    if (!d->removed && (d->spec.addr.s_addr & m) == (dst.s_addr & m)) return d;
   }
   for (Device* d : devices)
-    if ((ntohl(d->spec.addr.s_addr) >> 24) != 127) return d;
-  return devices.empty() ? nullptr : devices[0];
+    if (!d->removed && (ntohl(d->spec.addr.s_addr) >> 24) != 127) return d;
+  for (Device* d : devices)
+    if (!d->removed) return d;
+  return nullptr;
 }
 
 bool PeerAddrFromAh(const Device* dev, const ibv_ah_attr& ah, in_addr* out) {

@@ -19,6 +19,10 @@
 #                 call fails within seconds, the client exits cleanly
 #   client-dies   the client is killed mid-stream: the server carries on
 #                 and serves the next client over RDMA
+#   device-removed  the server's RDMA device is removed mid-stream
+#                 (SOFTVERBS_DEVICE_REMOVAL_MS, as an unplugged HCA): the
+#                 stream fails within seconds, the server says why, and the
+#                 next client's calls go by TCP (no RDMA listener left)
 #   small-pool    TF_RDMA_BUF_SIZE far below the data in flight (64 KiB
 #                 chunks, 1 MiB of pinned memory per process) and 4 MiB
 #                 messages: backpressure, every byte right, over RDMA
@@ -41,7 +45,7 @@
 set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
-       small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
+       device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
        roce-settings)
 BUILD=""
 CASE=""
@@ -289,6 +293,33 @@ case "$CASE" in
       expect "$C" rdma_client_connections ge 2
       expect "$S" rdma_server_connections ge 3
       expect "$S" tcp_server_connections eq 0
+    fi
+    ;;
+  device-removed)
+    if start_server "" 127.0.0.1 1 SOFTVERBS_DEVICE_REMOVAL_MS=300; then
+      side_env client 1 SOFTVERBS_DEVICES=mlx5_0:127.0.0.1
+      timeout 60 "${SIDE_ENV[@]}" "$TOOL" watch "127.0.0.1:$PORT" \
+        >"$TMP/watch.out" 2>"$TMP/watch.err" &
+      cpid=$!
+      wait_for_line "$TMP/watch.out" streaming 20 || fail "the stream never flowed"
+      t0=$(date +%s)
+      wait "$cpid"
+      rc=$?
+      [ "$rc" -eq 0 ] || fail "watch exit $rc when the server's device went (1: the stream ended OK; 124: it hung)"
+      [ $(( $(date +%s) - t0 )) -le 15 ] || fail "the stream took over 15 s to end"
+      wait_for_line "$TMP/server.err" "was removed (RDMA_CM_EVENT_DEVICE_REMOVAL)" 10 ||
+        fail "the server did not say its device was removed: $(tail -n 3 "$TMP/server.err")"
+      grep -q "stops listening for RDMA" "$TMP/server.err" ||
+        fail "the server did not say its RDMA listener stopped"
+      expect "$C" rdma_client_connections ge 1
+      rm -f "$C"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1
+      stop_server
+      expect "$C" rdma_client_connections eq 0
+      expect "$C" fallbacks ge 1
+      expect "$S" rdma_server_connections ge 1
+      expect "$S" tcp_server_connections ge 1
+      expect "$S" connection_errors ge 1
     fi
     ;;
   small-pool)
