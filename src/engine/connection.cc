@@ -231,7 +231,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
       }
     }
   }
-  if (disconnect_when_drained_ && inflight_.empty()) DisconnectNowLocked();
+  if (disconnect_when_drained_ && !SendsInFlightLocked()) DisconnectNowLocked();
   DeliverLocked(d);
   PumpLocked(d);
   return seen;
@@ -401,7 +401,7 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
     // Writes reported done are posted, not yet delivered: let them land
     // before the disconnect (every send is signalled, so each completes,
     // delivered or flushed, and HandleCqLocked disconnects then).
-    if (was_up && !inflight_.empty()) {
+    if (was_up && SendsInFlightLocked()) {
       disconnect_when_drained_ = true;
       drain_deadline_us.store(NowMicros() + static_cast<uint64_t>(kDrainMs) * 1000);
     } else {

@@ -237,6 +237,13 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   Flow flow_;
   std::vector<PinnedBuffer*> recv_bufs_;
   std::unordered_map<uint64_t, PinnedBuffer*> inflight_;  // wr_id -> staging
+  // Inline data SENDs posted and not completed: no buffer to hold, but a
+  // close waits for them as for the others (their wr_ids carry kInlineWr).
+  int inline_inflight_ = 0;
+  static constexpr uint64_t kInlineWr = 1ull << 62;
+  static_assert((kInlineWr & kRecvBit) == 0, "a send's tag must not read as a receive");
+  // Data reported written that may not have landed yet: a close waits for it.
+  bool SendsInFlightLocked() const { return !inflight_.empty() || inline_inflight_ > 0; }
   uint64_t next_wr_ = 1;
   std::deque<WriteOp> writes_;
   std::deque<OutGrant> out_grants_;   // the peer's CTS for writes_.front()

@@ -79,6 +79,10 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
 }
 
 void ConnImpl::ReleaseInflightLocked(uint64_t wr_id) {
+  if (wr_id & kInlineWr) {
+    --inline_inflight_;
+    return;
+  }
   auto it = inflight_.find(wr_id);
   if (it == inflight_.end()) return;
   local_pool_->Put(it->second);
@@ -137,7 +141,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   ibv_sge sge{reinterpret_cast<uint64_t>(base), static_cast<uint32_t>(len + sizeof(h)),
               buf != nullptr ? buf->reg.lkey : 0};
   ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = next_wr_++;
+  wr.wr_id = next_wr_++ | (inline_send ? kInlineWr : 0);
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
@@ -148,7 +152,11 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
     return false;
   }
   flow_.Told(h.credits);
-  if (buf != nullptr) inflight_[wr.wr_id] = buf;
+  if (buf != nullptr) {
+    inflight_[wr.wr_id] = buf;
+  } else {
+    ++inline_inflight_;
+  }
   flow_.Sent();
   stats_.bytes_sent += len;
   ++stats_.eager_messages;

@@ -80,7 +80,7 @@ EpollWaitFn RealEpollWait() {
   static std::atomic<EpollWaitFn> fn{nullptr};
   EpollWaitFn f = fn.load(std::memory_order_acquire);
   if (f == nullptr) {
-    f = reinterpret_cast<EpollWaitFn>(dlvsym(RTLD_NEXT, "epoll_wait", "GLIBC_2.3.2"));
+    f = reinterpret_cast<EpollWaitFn>(dlvsym(RTLD_NEXT, "epoll_wait", GRPC_RDMA_EPOLL_WAIT_VERSION));
     if (f == nullptr) f = reinterpret_cast<EpollWaitFn>(dlsym(RTLD_NEXT, "epoll_wait"));
     if (f == nullptr) f = PlainEpollWait;
     fn.store(f, std::memory_order_release);
@@ -139,8 +139,13 @@ int64_t ProcessCpuNs() {
 void StrikeLongYield(int64_t now) {
   std::lock_guard<std::mutex> g(S().strike_mu);
   int64_t forgiven = (now - S().strikes_at) / kForgiveNs;
-  S().strikes = forgiven >= S().strikes ? 0 : S().strikes - static_cast<int>(forgiven);
-  S().strikes_at = now;
+  if (forgiven >= S().strikes) {
+    S().strikes = 0;
+    S().strikes_at = now;
+  } else {
+    S().strikes -= static_cast<int>(forgiven);
+    S().strikes_at += forgiven * kForgiveNs;  // the part of a period not yet used counts on
+  }
   if (++S().strikes >= kStrikesOut) {
     S().strikes = 0;
     int64_t last_end = S().quiet_until.load(std::memory_order_relaxed);
@@ -199,7 +204,7 @@ int SpinningEpollWait(int epfd, epoll_event* events, int maxevents, int timeout)
     if (timeout > 0) end = std::min(end, now + static_cast<int64_t>(timeout) * 1000000);
     if (now < end) {
       S().spins.fetch_add(1, std::memory_order_relaxed);
-      int64_t start = now;
+      const int64_t start = now, cpu_start = ProcessCpuNs();
       do {
         int n = real(epfd, events, maxevents, 0);
         if (n != 0) {
@@ -208,11 +213,16 @@ int SpinningEpollWait(int epfd, epoll_event* events, int maxevents, int timeout)
         }
         // Two cores may hold more runnable threads than that (the peer's,
         // the device's, another of gRPC's): a spinner gives its core to any.
-        int64_t before = now, cpu_before = ProcessCpuNs();
+        int64_t before = now;
         sched_yield();
         now = NowNs();
         if (now - before > kYieldTooLongNs) {
-          if (ProcessCpuNs() - cpu_before < (now - before) / 2) StrikeLongYield(now);
+          // This process's CPU time since the spin began, less what this
+          // thread spun before the yield: what its other threads used of
+          // the time the yield took (one clock read per spin, not per look:
+          // the process clock sums every thread).
+          int64_t others = ProcessCpuNs() - cpu_start - (before - start);
+          if (others < (now - before) / 2) StrikeLongYield(now);
           break;  // to the blocking wait: the next answer preempts whoever has the core
         }
       } while (now < end);
@@ -310,13 +320,15 @@ void Runtime::AcquirePolling() {
 
 void Runtime::ReleasePolling() {
   std::lock_guard<std::mutex> g(Mu());
-  if (E().users == 0 || --E().users > 0 || E().current == nullptr) return;
-  PollRegistration* r = E().current;
-  E().current = nullptr;
-  // gRPC may shut down and make a new epoll set (another descriptor) for
-  // the next endpoint: learned again then.
+  if (E().users == 0 || --E().users > 0) return;
+  // No RDMA endpoint or listener left: no spinning, and gRPC may shut down
+  // and make a new epoll set (another descriptor) for the next endpoint:
+  // learned again then.
   S().window_ns.store(0);
   S().grpc_epfd.store(-1);
+  if (E().current == nullptr) return;
+  PollRegistration* r = E().current;
+  E().current = nullptr;
   engine()->SetExternalPolling(false);
   UnregisterLocked(r, "grpc_rdma: no RDMA connection left");
 }
@@ -346,8 +358,8 @@ void Runtime::StopPollingConnection(PollRegistration* r, Connection* conn) {
 }  // namespace grpc_rdma
 
 // gRPC's epoll1 poller calls epoll_wait through the PLT: this definition,
-// exported at glibc's version (libgrpc_rdma.map), comes first when the
-// library is preloaded or linked before libc.
+// exported at glibc's version of it (libgrpc_rdma.map.in), comes first when
+// the library is preloaded or linked before libc.
 extern "C" __attribute__((visibility("default"))) int epoll_wait(int epfd,
                                                                  struct epoll_event* events,
                                                                  int maxevents, int timeout) {

@@ -345,9 +345,12 @@ std::atomic<uint64_t>* g_device_ns = nullptr;  // the mapped total, once made
 std::atomic<bool> g_device_tried{false};       // made, or failed and said so
 std::mutex g_device_mu;
 
-uint64_t NowNs() {
+// The calling thread's CPU time: a thread preempted, or waiting for a
+// lock, inside a scope is not working for the device. (A system call, not
+// the vDSO's clock: paid only with SOFTVERBS_DEVICE_CPU_DIR set.)
+uint64_t ThreadCpuNs() {
   timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
@@ -387,7 +390,7 @@ void MarkAgentThread() { tls_agent = true; }
 DeviceWork::DeviceWork() {
   if (tls_agent || tls_device_depth++ > 0) return;
   static const bool on = !GetConfig().device_cpu_dir.empty();
-  if (on) start_ns_ = NowNs();
+  if (on) start_ns_ = ThreadCpuNs() + 1;  // +1: 0 means "not counting"
 }
 
 DeviceWork::~DeviceWork() {
@@ -395,7 +398,7 @@ DeviceWork::~DeviceWork() {
   --tls_device_depth;
   if (start_ns_ == 0) return;
   if (std::atomic<uint64_t>* total = DeviceTotal()) {
-    total->fetch_add(NowNs() - start_ns_, std::memory_order_relaxed);
+    total->fetch_add(ThreadCpuNs() + 1 - start_ns_, std::memory_order_relaxed);
   }
 }
 

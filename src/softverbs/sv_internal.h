@@ -87,9 +87,9 @@ void InstallStatsDump();
 
 // Device work done on application threads: posting copies a send's bytes
 // into the wire, and polls, arms and completion-channel waits move frames
-// in; an HCA does all of that. A DeviceWork scope around such work adds its
-// wall time (the thread runs throughout: no blocking inside a scope) to a
-// running total, which benchmarks count apart from the host's own work, as
+// in; an HCA does all of that. A DeviceWork scope around such work adds the
+// thread's CPU time in it (CLOCK_THREAD_CPUTIME_ID: preemption and lock
+// waits inside are not counted) to a running total, which benchmarks count apart from the host's own work, as
 // they count the agent thread's. Kept only with SOFTVERBS_DEVICE_CPU_DIR:
 // nanoseconds, a uint64_t in the file DIR/<pid>, updated in place (a
 // process forked from it starts its own). Nested scopes count once; the
