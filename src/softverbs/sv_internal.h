@@ -89,7 +89,8 @@ void InstallStatsDump();
 // into the wire, and polls, arms and completion-channel waits move frames
 // in; an HCA does all of that. A DeviceWork scope around such work adds the
 // thread's CPU time in it (CLOCK_THREAD_CPUTIME_ID: preemption and lock
-// waits inside are not counted) to a running total, which benchmarks count apart from the host's own work, as
+// waits inside are not counted; one scope in 16 at random is timed and
+// counts 16 times, as the clock is a system call) to a running total, which benchmarks count apart from the host's own work, as
 // they count the agent thread's. Kept only with SOFTVERBS_DEVICE_CPU_DIR:
 // nanoseconds, a uint64_t in the file DIR/<pid>, updated in place (a
 // process forked from it starts its own). Nested scopes count once; the
