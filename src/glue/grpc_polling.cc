@@ -29,7 +29,7 @@
 // polls the set without blocking until something is ready, so the peer's
 // doorbell finds a running thread instead of one to wake; after that it
 // blocks as before (no CPU when idle). epoll_wait is interposed (this
-// library defines it at glibc's version, see libgrpc_rdma.map) and only
+// library defines it at glibc's version, see libgrpc_rdma.map.in) and only
 // gRPC's own set is touched: it is learned from the first epoll_wait that
 // returns one of our registered descriptors; every other caller goes
 // straight to glibc's.
@@ -162,12 +162,6 @@ int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void NoteActivity() {
-  if (S().window_ns.load(std::memory_order_relaxed) > 0) {
-    S().last_activity.store(NowNs(), std::memory_order_relaxed);
-  }
-}
-
 // While gRPC's set is unknown: did this wait return `learn_from`?
 // (epoll1 keeps the grpc_fd in data.ptr, its lowest bit a flag.)
 void MaybeLearn(int epfd, const epoll_event* ev, int n) {
@@ -190,7 +184,11 @@ void MaybeLearn(int epfd, const epoll_event* ev, int n) {
 uint64_t PollerSpins() { return S().spins.load(std::memory_order_relaxed); }
 uint64_t PollerSpinHits() { return S().spin_hits.load(std::memory_order_relaxed); }
 uint64_t PollerSpinBackoffs() { return S().backoffs.load(std::memory_order_relaxed); }
-void NoteRdmaActivity() { NoteActivity(); }
+void NoteRdmaActivity() {
+  if (S().window_ns.load(std::memory_order_relaxed) > 0) {
+    S().last_activity.store(NowNs(), std::memory_order_relaxed);
+  }
+}
 
 namespace {
 
@@ -256,7 +254,7 @@ EnginePolling& E() {
 
 void OnReadable(void* arg, grpc_error_handle error) {
   auto* r = static_cast<PollRegistration*>(arg);
-  if (error.ok() && r->poll()) NoteActivity();
+  if (error.ok() && r->poll()) NoteRdmaActivity();
   {
     std::lock_guard<std::mutex> g(Mu());
     if (!r->stopped) {
