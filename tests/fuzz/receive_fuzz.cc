@@ -26,6 +26,7 @@
 //     connection closes and every pinned byte it held is given back;
 //   - and the sanitizers' (ASan, UBSan) on the engine's code.
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fuzzer/FuzzedDataProvider.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -110,20 +111,26 @@ class Peer {
  public:
   ~Peer() { Close(); }
 
-  bool Connect(uint16_t port) {
+  // Connects and sends the Hello; "" on success, else which step failed
+  // and what came instead (an invariant names it when it breaks).
+  std::string Connect(uint16_t port) {
     ch_ = rdma_create_event_channel();
-    if (ch_ == nullptr || rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP) != 0) return false;
+    if (ch_ == nullptr) return Errno("rdma_create_event_channel");
+    if (rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP) != 0) return Errno("rdma_create_id");
     sockaddr_in dst{};
     dst.sin_family = AF_INET;
     dst.sin_port = htons(port);
     inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), 2000) != 0 ||
-        !Next(RDMA_CM_EVENT_ADDR_RESOLVED) || rdma_resolve_route(id_, 2000) != 0 ||
-        !Next(RDMA_CM_EVENT_ROUTE_RESOLVED))
-      return false;
+    if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), kCmMs) != 0)
+      return Errno("rdma_resolve_addr");
+    std::string why = Next(RDMA_CM_EVENT_ADDR_RESOLVED);
+    if (!why.empty()) return why;
+    if (rdma_resolve_route(id_, kCmMs) != 0) return Errno("rdma_resolve_route");
+    if (!(why = Next(RDMA_CM_EVENT_ROUTE_RESOLVED)).empty()) return why;
     pd_ = ibv_alloc_pd(id_->verbs);
+    if (pd_ == nullptr) return Errno("ibv_alloc_pd");
     cq_ = ibv_create_cq(id_->verbs, 128, nullptr, nullptr, 0);
-    if (pd_ == nullptr || cq_ == nullptr) return false;
+    if (cq_ == nullptr) return Errno("ibv_create_cq");
     ibv_qp_init_attr qa{};
     qa.send_cq = qa.recv_cq = cq_;
     qa.qp_type = IBV_QPT_RC;
@@ -131,7 +138,7 @@ class Peer {
     qa.cap.max_recv_wr = kRecvs;
     qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
     qa.cap.max_inline_data = 64;
-    if (rdma_create_qp(id_, pd_, &qa) != 0) return false;
+    if (rdma_create_qp(id_, pd_, &qa) != 0) return Errno("rdma_create_qp");
     qp_ = id_->qp;
     // Mapped, not malloc'd: softverbs may still write into the receive
     // slots while the connection goes down.
@@ -139,19 +146,19 @@ class Peer {
         mmap(nullptr, kMem, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     if (mem_ == MAP_FAILED) {
       mem_ = nullptr;
-      return false;
+      return Errno("mmap");
     }
     mr_ = ibv_reg_mr(pd_, mem_, kMem, IBV_ACCESS_LOCAL_WRITE);
-    if (mr_ == nullptr) return false;
+    if (mr_ == nullptr) return Errno("ibv_reg_mr");
     for (int i = 0; i < kRecvs; ++i)
-      if (!PostRecv(i)) return false;
+      if (!PostRecv(i)) return Errno("ibv_post_recv");
     wire::Hello h{wire::kMagic, wire::kVersion, kRecvs, 8192, 4, wire::kHelloSolicited, 0};
     rdma_conn_param p{};
     p.private_data = &h;
     p.private_data_len = sizeof(h);
     p.rnr_retry_count = 1;  // more messages than credits: an error, not a hang
     p.retry_count = 1;
-    if (rdma_connect(id_, &p) != 0) return false;
+    if (rdma_connect(id_, &p) != 0) return Errno("rdma_connect");
     return Next(RDMA_CM_EVENT_ESTABLISHED);
   }
 
@@ -210,7 +217,7 @@ class Peer {
   void Close() {
     if (id_ != nullptr && qp_ != nullptr) {
       rdma_disconnect(id_);
-      Next(RDMA_CM_EVENT_DISCONNECTED);
+      Next(RDMA_CM_EVENT_DISCONNECTED, 2000);  // not waited for longer: nothing checks it
     }
     if (qp_ != nullptr) rdma_destroy_qp(id_);
     qp_ = nullptr;
@@ -231,15 +238,39 @@ class Peer {
   std::vector<wire::Header> cts, standing;  // the engine's grants, as they came
 
  private:
-  // The next CM event within 2 s, if it is `want` (acked either way).
-  bool Next(rdma_cm_event_type want) {
+  // How long a CM step may take. The engine answers a connection request
+  // from its own thread; next to other builds and tests (as in CI, where
+  // this runs beside a compiler) that thread can wait whole seconds for a
+  // CPU, so the bound is generous: it only turns a lost answer into a
+  // named failure instead of libFuzzer's -timeout.
+  static constexpr int kCmMs = 20000;
+
+  static std::string Errno(const char* what) {
+    return std::string(what) + " failed: " + strerror(errno);
+  }
+  // The next CM event within `ms`, if it is `want` (acked either way);
+  // otherwise what came instead.
+  std::string Next(rdma_cm_event_type want, int ms = kCmMs) {
+    // libFuzzer's -timeout watchdog is a SIGALRM every few seconds: an
+    // interrupted wait goes on for what is left of it.
     pollfd p{ch_->fd, POLLIN, 0};
-    if (poll(&p, 1, 2000) != 1) return false;
+    auto end = Clock::now() + std::chrono::milliseconds(ms);
+    int r;
+    do {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+      r = poll(&p, 1, std::max<int>(0, static_cast<int>(left.count())));
+    } while (r < 0 && errno == EINTR);
+    if (r != 1)
+      return std::string("no ") + rdma_event_str(want) + " within " + std::to_string(ms) +
+             " ms" + (r < 0 ? std::string(": poll: ") + strerror(errno) : std::string());
     rdma_cm_event* e = nullptr;
-    if (rdma_get_cm_event(ch_, &e) != 0) return false;
-    bool ok = e->event == want;
+    if (rdma_get_cm_event(ch_, &e) != 0) return Errno("rdma_get_cm_event");
+    std::string why;
+    if (e->event != want)
+      why = std::string(rdma_event_str(e->event)) + " (status " + std::to_string(e->status) +
+            ") instead of " + rdma_event_str(want);
     rdma_ack_cm_event(e);
-    return ok;
+    return why;
   }
   bool PostRecv(int i) {
     ibv_sge s{reinterpret_cast<uint64_t>(mem_ + i * kSlot), kSlot, mr_->lkey};
@@ -301,10 +332,12 @@ void RunInput(FuzzedDataProvider& in) {
     s.closed = false;
   }
   Peer peer;
-  FUZZ_CHECK(peer.Connect(s.port), "the peer connects to the engine");
+  std::string why = peer.Connect(s.port);
+  if (!why.empty()) fprintf(stderr, "the peer's connect: %s\n", why.c_str());
+  FUZZ_CHECK(why.empty(), "the peer connects to the engine");
   {
     std::unique_lock<std::mutex> l(s.mu);
-    FUZZ_CHECK(s.cv.wait_for(l, std::chrono::seconds(5), [&] { return s.conn != nullptr; }),
+    FUZZ_CHECK(s.cv.wait_for(l, std::chrono::seconds(20), [&] { return s.conn != nullptr; }),
                "the engine hands the connection over");
   }
   ReadOn(s.conn, gen);

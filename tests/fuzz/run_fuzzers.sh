@@ -73,7 +73,8 @@ for t in "${targets[@]}"; do
     echo "ok $t: ${runs:-?} runs in $seconds s, ${cov:-cov: ?}, corpus $(ls "$corpus" | wc -l) inputs"
   else
     failed=1
-    echo "FAIL $t (exit $rc): $(grep -m1 -E 'invariant broken|ERROR: (AddressSanitizer|libFuzzer)|runtime error' "$log")"
+    # The invariant, and what the target said just before it (why a step failed).
+    echo "FAIL $t (exit $rc): $(grep -m1 -B1 -E 'invariant broken|ERROR: (AddressSanitizer|libFuzzer)|runtime error' "$log" | tr '\n' ' ')"
     echo "  input kept in $crashes/; the log: $log"
     tail -n 20 "$log" | sed 's/^/  /'
   fi
