@@ -213,8 +213,12 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
           }
           absl::Status why = absl::UnavailableError(
               absl::StrCat("RDMA completion error: ", ibv_wc_status_str(wc[i].status)));
-          if (wc[i].status != IBV_WC_WR_FLUSH_ERR) FailLocked(why, d);
-          else CloseLocked(why, d, true);
+          if (wc[i].status != IBV_WC_WR_FLUSH_ERR) {
+            FailLocked(why, d);
+          } else {
+            closed_by_flush_ = true;
+            CloseLocked(why, d, true);
+          }
         }
         continue;
       }
@@ -380,6 +384,15 @@ void ConnImpl::FailLocked(absl::Status why, Deferred* d) {
   stats_.connection_errors = 1;
   engine_->connection_errors.fetch_add(1);
   CloseLocked(std::move(why), d, true);
+}
+
+void ConnImpl::DeviceRemovedLocked(absl::Status why, Deferred* d) {
+  if (state_ == State::kClosed && closed_by_flush_ && stats_.connection_errors == 0) {
+    stats_.connection_errors = 1;
+    engine_->connection_errors.fetch_add(1);
+    return;
+  }
+  FailLocked(std::move(why), d);
 }
 
 void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {

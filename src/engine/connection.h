@@ -97,6 +97,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // CloseLocked for a fault (the peer broke the protocol, a completion or
   // device error, a failed post): counted in connection_errors.
   void FailLocked(absl::Status why, Deferred* d);
+  // The device went (RDMA_CM_EVENT_DEVICE_REMOVAL): FailLocked, and counted
+  // as a fault too when the QP's flush (the removal's first sign, often
+  // polled before the CM event comes) already closed the connection.
+  void DeviceRemovedLocked(absl::Status why, Deferred* d);
   bool closed() const { return state_ == State::kClosed; }
   wire::Hello MyHello() const;
   // Client, until established: the caller's callback. Server, from
@@ -261,6 +265,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::deque<RecvChunk> ready_;
   ReadDone pending_read_;
   bool peer_closed_ = false;
+  bool closed_by_flush_ = false;  // a flushed completion closed it
   ConnectionStats stats_;
 };
 

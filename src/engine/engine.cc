@@ -468,7 +468,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
       }
       absl::Status why = absl::UnavailableError(
           "the RDMA device was removed (RDMA_CM_EVENT_DEVICE_REMOVAL)");
-      c->FailLocked(why, d);
+      c->DeviceRemovedLocked(why, d);
       return FailConnectLocked(c.get(), why, d);
     }
     case RDMA_CM_EVENT_ADDR_CHANGE:

@@ -609,6 +609,23 @@ TEST(EnginePeers, CutWireFailsOperationsCleanly) {
   RunWithKnobs({"SOFTVERBS_DROP_AFTER_OPS=20"}, "cut-wire");
 }
 
+// A removed device is a fault on every connection it carried, counted once
+// each, in whichever order its two signs (flushed work, the CM event)
+// arrive: three processes, as the order varies from run to run.
+TEST(EnginePeers, ARemovedDeviceIsAFaultOnEachConnection) {
+  for (int i = 0; i < 3; ++i) {
+    StderrCapture log;
+    pid_t child = Spawn({"--child", "device-removed"}, {"SOFTVERBS_DEVICE_REMOVAL_MS=200"});
+    ASSERT_GT(child, 0);
+    int status = 0;
+    waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status)) << log.Text();
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "the step that failed (ChildDeviceRemoved; 9-11: a fault not counted)\n"
+        << log.Text();
+  }
+}
+
 TEST(EnginePeers, DelayedCompletionsStillDeliverEverything) {
   RunWithKnobs({"SOFTVERBS_DELAY_US=2000"}, "transfer");
 }
@@ -1270,6 +1287,54 @@ int ChildCutWire() {
   return 0;
 }
 
+// Both ends in this process, a stream flowing from one to the other, and
+// the devices removed (SOFTVERBS_DEVICE_REMOVAL_MS, as an unplugged HCA):
+// both connections end with an error and each engine counts one fault,
+// whichever came first, the QP's flushed work or the CM's
+// RDMA_CM_EVENT_DEVICE_REMOVAL. Exit status: 0, or the step.
+int ChildDeviceRemoved() {
+  Options o;
+  o.chunk_size = 64 << 10;
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  std::promise<std::shared_ptr<Connection>> acc;
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
+    acc.set_value(std::move(c));
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto s = acc.get_future().get();
+  auto d = std::make_shared<Drain>(s, SIZE_MAX);
+  std::string payload = Pattern(1 << 20, 9);
+  absl::Status last;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (last.ok() && std::chrono::steady_clock::now() < until) {
+    std::promise<absl::Status> wd;
+    iovec v{payload.data(), payload.size()};
+    (*c)->Write({v}, [&](absl::Status st) { wd.set_value(st); });
+    auto f = wd.get_future();
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 5;
+    last = f.get();
+  }
+  if (last.ok()) return 6;  // the removal never ended the stream
+  if (d->done.get_future().wait_for(std::chrono::seconds(10)) != std::future_status::ready)
+    return 7;
+  if (d->end.ok()) return 8;
+  for (int i = 0; i < 500 && ((*se)->connection_errors() == 0 || (*ce)->connection_errors() == 0);
+       ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  fprintf(stderr, "device-removed child: write ended: %s; read ended: %s; faults %llu/%llu\n",
+          std::string(last.message()).c_str(), std::string(d->end.message()).c_str(),
+          (unsigned long long)(*se)->connection_errors(),
+          (unsigned long long)(*ce)->connection_errors());
+  if ((*se)->connection_errors() != 1) return 9;
+  if ((*ce)->connection_errors() != 1) return 10;
+  if (s->stats().connection_errors != 1 || (*c)->stats().connection_errors != 1) return 11;
+  return 0;
+}
+
 // A peer that never completes the connection exchange (no RTU after the
 // server's accept): the server's half-set-up connection, with its receive
 // buffers pinned, is dropped once TF_RDMA_CONNECT_TIMEOUT_MS has passed,
@@ -1562,6 +1627,7 @@ int main(int argc, char** argv) {
     if (m == "deaf") return grpc_rdma::ChildDeaf(port);
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
+    if (m == "device-removed") return grpc_rdma::ChildDeviceRemoved();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);
     return 100;
