@@ -615,10 +615,17 @@ TEST(EnginePeers, CutWireFailsOperationsCleanly) {
 TEST(EnginePeers, ARemovedDeviceIsAFaultOnEachConnection) {
   for (int i = 0; i < 3; ++i) {
     StderrCapture log;
-    pid_t child = Spawn({"--child", "device-removed"}, {"SOFTVERBS_DEVICE_REMOVAL_MS=200"});
+    pid_t child = Spawn({"--child", "device-removed"}, {"SOFTVERBS_DEVICE_REMOVAL_MS=1000"});
     ASSERT_GT(child, 0);
     int status = 0;
-    waitpid(child, &status, 0);
+    pid_t r = 0;
+    for (int t = 0; t < 6000 && (r = waitpid(child, &status, WNOHANG)) == 0; ++t)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (r == 0) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      FAIL() << "the child did not end within 60 s\n" << log.Text();
+    }
     ASSERT_TRUE(WIFEXITED(status)) << log.Text();
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "the step that failed (ChildDeviceRemoved; 9-11: a fault not counted)\n"
@@ -1295,26 +1302,33 @@ int ChildCutWire() {
 int ChildDeviceRemoved() {
   Options o;
   o.chunk_size = 64 << 10;
+  // What callbacks may touch outlives the engines (declared after it, so
+  // destroyed first): a late callback on an early return finds it alive.
+  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
+  std::string payload = Pattern(1 << 20, 9);
+  std::shared_ptr<Drain> d;
   auto se = Engine::Create(o);
   auto ce = Engine::Create(o);
   if (!se.ok() || !ce.ok()) return 2;
-  std::promise<std::shared_ptr<Connection>> acc;
-  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
-    acc.set_value(std::move(c));
+  auto port = (*se)->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
+    acc->set_value(std::move(c));
   });
   if (!port.ok()) return 3;
   auto c = ConnectTo(**ce, *port);
   if (!c.ok()) return 4;
-  auto s = acc.get_future().get();
-  auto d = std::make_shared<Drain>(s, SIZE_MAX);
-  std::string payload = Pattern(1 << 20, 9);
+  // The removal is due SOFTVERBS_DEVICE_REMOVAL_MS after the client's side
+  // is up; the server's may come later, or never if the removal came first.
+  auto af = acc->get_future();
+  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 12;
+  auto s = af.get();
+  d = std::make_shared<Drain>(s, SIZE_MAX);
   absl::Status last;
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (last.ok() && std::chrono::steady_clock::now() < until) {
-    std::promise<absl::Status> wd;
+    auto wd = std::make_shared<std::promise<absl::Status>>();
     iovec v{payload.data(), payload.size()};
-    (*c)->Write({v}, [&](absl::Status st) { wd.set_value(st); });
-    auto f = wd.get_future();
+    (*c)->Write({v}, [wd](absl::Status st) { wd->set_value(st); });
+    auto f = wd->get_future();
     if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 5;
     last = f.get();
   }

@@ -114,6 +114,7 @@ class Peer {
   // Connects and sends the Hello; "" on success, else which step failed
   // and what came instead (an invariant names it when it breaks).
   std::string Connect(uint16_t port) {
+    deadline_ = Clock::now() + std::chrono::milliseconds(kCmMs);
     ch_ = rdma_create_event_channel();
     if (ch_ == nullptr) return Errno("rdma_create_event_channel");
     if (rdma_create_id(ch_, &id_, nullptr, RDMA_PS_TCP) != 0) return Errno("rdma_create_id");
@@ -121,11 +122,11 @@ class Peer {
     dst.sin_family = AF_INET;
     dst.sin_port = htons(port);
     inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-    if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), kCmMs) != 0)
+    if (rdma_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr*>(&dst), 10000) != 0)
       return Errno("rdma_resolve_addr");
     std::string why = Next(RDMA_CM_EVENT_ADDR_RESOLVED);
     if (!why.empty()) return why;
-    if (rdma_resolve_route(id_, kCmMs) != 0) return Errno("rdma_resolve_route");
+    if (rdma_resolve_route(id_, 10000) != 0) return Errno("rdma_resolve_route");
     if (!(why = Next(RDMA_CM_EVENT_ROUTE_RESOLVED)).empty()) return why;
     pd_ = ibv_alloc_pd(id_->verbs);
     if (pd_ == nullptr) return Errno("ibv_alloc_pd");
@@ -238,31 +239,35 @@ class Peer {
   std::vector<wire::Header> cts, standing;  // the engine's grants, as they came
 
  private:
-  // How long a CM step may take. The engine answers a connection request
-  // from its own thread; next to other builds and tests (as in CI, where
-  // this runs beside a compiler) that thread can wait whole seconds for a
-  // CPU, so the bound is generous: it only turns a lost answer into a
-  // named failure instead of libFuzzer's -timeout.
+  // How long the connection's steps may take in all. The engine answers a
+  // connection request from its own thread; next to other builds and tests
+  // (as in CI, where this runs beside a compiler) that thread can wait
+  // whole seconds for a CPU, so the bound is generous. With the handover's
+  // wait (RunInput) it stays below the target's -timeout (run_fuzzers.sh),
+  // so a lost answer is a named failure, not libFuzzer's timeout.
   static constexpr int kCmMs = 20000;
+  Clock::time_point deadline_{};
 
   static std::string Errno(const char* what) {
     return std::string(what) + " failed: " + strerror(errno);
   }
-  // The next CM event within `ms`, if it is `want` (acked either way);
-  // otherwise what came instead.
-  std::string Next(rdma_cm_event_type want, int ms = kCmMs) {
-    // libFuzzer's -timeout watchdog is a SIGALRM every few seconds: an
-    // interrupted wait goes on for what is left of it.
+  // The next CM event within `ms` (0: by the connection's deadline), if it
+  // is `want` (acked either way); otherwise what came instead.
+  std::string Next(rdma_cm_event_type want, int ms = 0) {
+    // libFuzzer's -timeout watchdog is a SIGALRM (every timeout/2 + 1 s):
+    // an interrupted wait goes on for what is left of it.
     pollfd p{ch_->fd, POLLIN, 0};
-    auto end = Clock::now() + std::chrono::milliseconds(ms);
+    auto end = ms > 0 ? Clock::now() + std::chrono::milliseconds(ms) : deadline_;
     int r;
     do {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
       r = poll(&p, 1, std::max<int>(0, static_cast<int>(left.count())));
     } while (r < 0 && errno == EINTR);
     if (r != 1)
-      return std::string("no ") + rdma_event_str(want) + " within " + std::to_string(ms) +
-             " ms" + (r < 0 ? std::string(": poll: ") + strerror(errno) : std::string());
+      return std::string("no ") + rdma_event_str(want) + " within " +
+             (ms > 0 ? std::to_string(ms) + " ms" : std::string("the connection's ") +
+                                                       std::to_string(kCmMs) + " ms") +
+             (r < 0 ? std::string(": poll: ") + strerror(errno) : std::string());
     rdma_cm_event* e = nullptr;
     if (rdma_get_cm_event(ch_, &e) != 0) return Errno("rdma_get_cm_event");
     std::string why;

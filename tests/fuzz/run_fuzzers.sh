@@ -61,8 +61,10 @@ for t in "${targets[@]}"; do
   log="$build/$t.log"
   extra=()
   # The receive target connects a peer per input over softverbs (one
-  # device on loopback) and waits for the engine: milliseconds per input.
-  [ "$t" = receive ] && extra=(-timeout=30)
+  # device on loopback) and waits for the engine: milliseconds per input,
+  # but its waits for the engine allow 20 s to connect and 20 s for the
+  # handover (receive_fuzz.cc) next to a loaded CPU: the timeout is above.
+  [ "$t" = receive ] && extra=(-timeout=60)
   SOFTVERBS_DEVICES=mlx5_0:127.0.0.1 \
   "$build/${t}_fuzz" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 "${extra[@]}" \
     -artifact_prefix="$crashes/" "$corpus" "$here/corpus/$t" >"$log" 2>&1
