@@ -38,6 +38,8 @@ struct Attempt {
   std::string key;  // "ip:port"
   ArgSettings settings;  // the environment's, or the channel's arguments
   bool tcp = false;        // handed to gRPC's TCP client
+  bool rdma_failed = false;  // RDMA was tried and failed: TCP is the fallback
+  bool remembered = false;   // sent to TCP at once (RecentlyFailed)
   int64_t tcp_handle = 0;  // its handle (0: it completes without one)
   grpc_closure tcp_done;
 };
@@ -70,6 +72,11 @@ void OnTcpDone(void* arg, grpc_error_handle error) {
     }
   }
   if (error.ok()) GlobalCounters().tcp_client.fetch_add(1);
+  // An address is remembered as having no RDMA only when TCP reached it:
+  // when neither did (the server down or restarting), nothing was learnt
+  // about RDMA, and its next connection tries RDMA again.
+  if (a->rdma_failed && error.ok()) Runtime::Get()->RememberFailure(a->key);
+  if (a->remembered && !error.ok()) Runtime::Get()->ForgetFailure(a->key);
   grpc_core::Closure::Run(DEBUG_LOCATION, a->on_connect, std::move(error));
 }
 
@@ -87,7 +94,6 @@ void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
   // thread when the engine fails at once, and then this nests in its own.
   grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
   grpc_core::ExecCtx exec_ctx;
-  Runtime* rt = Runtime::Get();
   std::unique_lock<std::mutex> lock(P().mu);
   if (P().attempts.count(a->handle) == 0) {  // cancelled meanwhile
     lock.unlock();
@@ -112,7 +118,7 @@ void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
     grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, ToGrpcError(r.status()));
     return;
   }
-  rt->RememberFailure(a->key);
+  a->rdma_failed = true;  // remembered if TCP reaches it (OnTcpDone)
   GlobalCounters().fallbacks.fetch_add(1);
   GRPC_RDMA_TRACE("%s: no RDMA (%s): using TCP", a->key.c_str(),
                   std::string(r.status().message()).c_str());
@@ -157,6 +163,7 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
     std::lock_guard<std::mutex> g(P().mu);
     P().attempts[a->handle] = a;
     if (engine == nullptr || remembered || left_ms <= 0) {
+      a->remembered = remembered;
       if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);
       StartTcpLocked(a.get());
       return a->handle;

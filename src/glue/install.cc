@@ -211,6 +211,11 @@ void Runtime::RememberFailure(const std::string& key) {
   failed_[key] = std::chrono::steady_clock::now();
 }
 
+void Runtime::ForgetFailure(const std::string& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  failed_.erase(key);
+}
+
 bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out) {
   const auto* sa = reinterpret_cast<const sockaddr*>(addr->addr);
   if (sa->sa_family == AF_INET && addr->len >= sizeof(sockaddr_in)) {

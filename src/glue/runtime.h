@@ -52,9 +52,11 @@ class Runtime {
   void StopPollingConnection(PollRegistration* r, Connection* conn);
 
   // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
-  // failed goes straight to TCP for TF_RDMA_FALLBACK_TTL_S seconds.
+  // failed while TCP reached it goes straight to TCP for
+  // TF_RDMA_FALLBACK_TTL_S seconds; one TCP did not reach either is forgotten.
   bool RecentlyFailed(const std::string& key);
   void RememberFailure(const std::string& key);
+  void ForgetFailure(const std::string& key);
 
   grpc_tcp_client_vtable* tcp_client() const { return tcp_client_; }
   grpc_tcp_server_vtable* tcp_server() const { return tcp_server_; }

@@ -412,6 +412,37 @@ int FreeTcpPort() {
   return port;
 }
 
+// A server that was down (nothing listening: RDMA and TCP both refused, as
+// while a server restarts) is not remembered as one without RDMA: once it
+// is up, the next connection rides RDMA, not TCP for TF_RDMA_FALLBACK_TTL_S.
+TEST_F(E2eTest, AServerThatWasDownGetsRdmaWhenItComesBack) {
+  int port = FreeTcpPort();
+  ASSERT_GT(port, 0);
+  std::string target = "127.0.0.1:" + std::to_string(port);
+  {
+    auto stub = Echo::NewStub(
+        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), BigMessageArgs()));
+    Blob req, resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(5));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  EXPECT_GE(Delta("fallbacks"), 1) << "RDMA was tried, then TCP";
+  EXPECT_EQ(Delta("tcp_client_connections"), 0);
+  EchoService service;
+  int bound = 0;
+  auto server = StartEchoServer(target, &bound, &service);
+  ASSERT_NE(server, nullptr);
+  ASSERT_EQ(bound, port);
+  before_ = RdmaStats();
+  grpc::Status s = CallOnce(target, BigMessageArgs());
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Delta("fallbacks_remembered"), 0) << "the down server was remembered as without RDMA";
+  ExpectRdma(1, 20000);
+  server->Shutdown(Clock::now());
+}
+
 // grpc.rdma.tcp_only_ports: one server, two ports, one of them TCP only.
 TEST_F(E2eTest, AServerArgumentMakesOneOfItsPortsTcpOnly) {
   int tcp_only = FreeTcpPort(), both = FreeTcpPort();
