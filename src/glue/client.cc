@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,7 @@ struct Attempt {
   ArgSettings settings;  // the environment's, or the channel's arguments
   bool tcp = false;        // handed to gRPC's TCP client
   bool rdma_failed = false;  // RDMA was tried and failed: TCP is the fallback
+  std::chrono::steady_clock::time_point rdma_started;  // when RDMA was tried
   bool remembered = false;   // sent to TCP at once (RecentlyFailed)
   int64_t tcp_handle = 0;  // its handle (0: it completes without one)
   grpc_closure tcp_done;
@@ -72,10 +74,19 @@ void OnTcpDone(void* arg, grpc_error_handle error) {
     }
   }
   if (error.ok()) GlobalCounters().tcp_client.fetch_add(1);
-  // An address is remembered as having no RDMA only when TCP reached it:
+  // An address is noted as having no RDMA only when TCP reached it (and
+  // remembered when that happens twice, see Runtime::RememberFailure):
   // when neither did (the server down or restarting), nothing was learnt
   // about RDMA, and its next connection tries RDMA again.
-  if (a->rdma_failed && error.ok()) Runtime::Get()->RememberFailure(a->key);
+  if (a->rdma_failed && error.ok()) {
+    if (Runtime::Get()->RememberFailure(a->key, a->rdma_started)) {
+      GRPC_RDMA_TRACE("%s: reached by TCP and not by RDMA again: TCP for it for "
+                      "TF_RDMA_FALLBACK_TTL_S", a->key.c_str());
+    } else {
+      GRPC_RDMA_TRACE("%s: reached by TCP, not by RDMA: its next connection tries RDMA "
+                      "again to confirm", a->key.c_str());
+    }
+  }
   if (a->remembered && !error.ok()) Runtime::Get()->ForgetFailure(a->key);
   grpc_core::Closure::Run(DEBUG_LOCATION, a->on_connect, std::move(error));
 }
@@ -103,6 +114,7 @@ void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
   if (r.ok()) {
     P().attempts.erase(a->handle);
     lock.unlock();
+    Runtime::Get()->ForgetFailure(a->key);  // a fallback noted before was stale
     *a->endpoint = CreateRdmaEndpoint(std::move(*r), /*server=*/false);
     grpc_core::ExecCtx::Run(DEBUG_LOCATION, a->on_connect, absl::OkStatus());
     return;
@@ -173,6 +185,7 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
   // or address it cannot make), and the answer takes the lock.
   int timeout = static_cast<int>(std::min<int64_t>(a->settings.connect_timeout_ms, left_ms));
   GRPC_RDMA_TRACE("%s: connecting over RDMA (timeout %d ms)", a->key.c_str(), timeout);
+  a->rdma_started = std::chrono::steady_clock::now();
   engine->Connect(sin, timeout, [a](absl::StatusOr<std::shared_ptr<Connection>> r) {
     OnRdmaConnected(a, std::move(r));
   });

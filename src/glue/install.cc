@@ -198,17 +198,27 @@ bool Runtime::RecentlyFailed(const std::string& key) {
   std::lock_guard<std::mutex> g(mu_);
   auto it = failed_.find(key);
   if (it == failed_.end()) return false;
-  if (std::chrono::steady_clock::now() - it->second >= std::chrono::seconds(options_.fallback_ttl_s)) {
+  if (std::chrono::steady_clock::now() - it->second.seen >=
+      std::chrono::seconds(options_.fallback_ttl_s)) {
     failed_.erase(it);
     return false;
   }
-  return true;
+  return it->second.confirmed;
 }
 
-void Runtime::RememberFailure(const std::string& key) {
-  if (options_.fallback_ttl_s == 0) return;
+bool Runtime::RememberFailure(const std::string& key,
+                              std::chrono::steady_clock::time_point tried) {
+  if (options_.fallback_ttl_s == 0) return false;
+  auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> g(mu_);
-  failed_[key] = std::chrono::steady_clock::now();
+  auto it = failed_.find(key);
+  if (it != failed_.end() && it->second.seen < tried &&
+      now - it->second.seen < std::chrono::seconds(options_.fallback_ttl_s)) {
+    it->second = {now, true};
+    return true;
+  }
+  failed_[key] = {now, false};
+  return false;
 }
 
 void Runtime::ForgetFailure(const std::string& key) {

@@ -51,11 +51,16 @@ class Runtime {
   PollRegistration* PollConnection(std::shared_ptr<Connection> conn);
   void StopPollingConnection(PollRegistration* r, Connection* conn);
 
-  // Fallback memory, keyed by "ip:port": an address whose RDMA attempt
-  // failed while TCP reached it goes straight to TCP for
-  // TF_RDMA_FALLBACK_TTL_S seconds; one TCP did not reach either is forgotten.
+  // Fallback memory, keyed by "ip:port". An address goes straight to TCP
+  // for TF_RDMA_FALLBACK_TTL_S seconds once TCP reached it twice where RDMA
+  // did not, the second RDMA attempt started after the first TCP success:
+  // one such result alone can be stale (a REJECTED for a server that was
+  // down when the request went and up when TCP connected, as during a
+  // restart). RememberFailure notes one (`tried`: when its RDMA attempt
+  // started) and says whether the address is now remembered;
+  // ForgetFailure drops what was noted (RDMA reached it, or TCP did not).
   bool RecentlyFailed(const std::string& key);
-  void RememberFailure(const std::string& key);
+  bool RememberFailure(const std::string& key, std::chrono::steady_clock::time_point tried);
   void ForgetFailure(const std::string& key);
 
   grpc_tcp_client_vtable* tcp_client() const { return tcp_client_; }
@@ -72,7 +77,11 @@ class Runtime {
   bool tried_ = false;
   std::unique_ptr<Engine> engine_;
   std::string unavailable_;
-  std::map<std::string, std::chrono::steady_clock::time_point> failed_;
+  struct Failure {
+    std::chrono::steady_clock::time_point seen;  // when TCP last reached it
+    bool confirmed;                              // twice: remembered
+  };
+  std::map<std::string, Failure> failed_;
 };
 
 // Spinning in gRPC's poller thread (grpc_polling.cc): RDMA activity

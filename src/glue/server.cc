@@ -189,40 +189,35 @@ void Start(grpc_tcp_server* server, const std::vector<grpc_pollset*>* pollsets,
   Tcp()->start(s->tcp, pollsets, OnTcpAccept, as);
 }
 
-grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* addr,
-                          int* out_port) {
-  Server* s = Ours(server);
-  if (s == nullptr) return Tcp()->add_port(server, addr, out_port);
-  grpc_error_handle err = Tcp()->add_port(s->tcp, addr, out_port);
-  if (!err.ok()) return err;
-  unsigned port_index;
-  {
-    std::lock_guard<std::mutex> g(s->mu);
-    port_index = s->ports_added++;
-  }
-  sockaddr_in sin{};
+// Where RDMA CM should listen for a TCP port of this server: false (and
+// why, traced) when the port serves TCP only.
+bool RdmaAddressFor(Server* s, const grpc_resolved_address* addr, int port, sockaddr_in* sin) {
+  *sin = sockaddr_in{};
   if (IsWildcard(addr)) {
-    sin.sin_family = AF_INET;
-    sin.sin_addr.s_addr = htonl(INADDR_ANY);
-  } else if (!ToIpv4(addr, &sin)) {
-    return err;  // IPv6 only: TCP alone
+    sin->sin_family = AF_INET;
+    sin->sin_addr.s_addr = htonl(INADDR_ANY);
+  } else if (!ToIpv4(addr, sin)) {
+    return false;  // IPv6 only: TCP alone
   }
-  sin.sin_port = htons(static_cast<uint16_t>(*out_port));
+  sin->sin_port = htons(static_cast<uint16_t>(port));
   if (!s->rdma) {
-    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_ENABLED "=0)", *out_port);
-    return err;
+    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_ENABLED "=0)", port);
+    return false;
   }
-  if (std::find(s->tcp_only_ports.begin(), s->tcp_only_ports.end(), *out_port) !=
+  if (std::find(s->tcp_only_ports.begin(), s->tcp_only_ports.end(), port) !=
       s->tcp_only_ports.end()) {
-    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_TCP_ONLY_PORTS ")",
-                    *out_port);
-    return err;
+    GRPC_RDMA_TRACE("server: port %d serves TCP only (" GRPC_RDMA_ARG_TCP_ONLY_PORTS ")", port);
+    return false;
   }
-  Engine* engine = Runtime::Get()->engine();
-  if (engine == nullptr) return err;
+  return Runtime::Get()->engine() != nullptr;
+}
+
+// RDMA CM listens at `sin` for the server's port `port_index`; false (and
+// an ERROR line) when it cannot, and the port then serves TCP only.
+bool ListenRdma(Server* s, sockaddr_in sin, unsigned port_index) {
   std::weak_ptr<AcceptState> weak = s->as;
   absl::StatusOr<uint16_t> port =
-      engine->Listen(sin, [weak, port_index](std::shared_ptr<Connection> c) {
+      Runtime::Get()->engine()->Listen(sin, [weak, port_index](std::shared_ptr<Connection> c) {
         if (auto as = weak.lock()) {
           OnRdmaAccept(as, std::move(c), port_index);
         } else {
@@ -233,14 +228,64 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
   inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
   if (!port.ok()) {
     gpr_log(GPR_ERROR, "grpc_rdma: cannot listen on RDMA CM %s:%d (%s): this port serves TCP only",
-            ip, *out_port, std::string(port.status().message()).c_str());
-    return err;
+            ip, ntohs(sin.sin_port), std::string(port.status().message()).c_str());
+    return false;
   }
-  GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, *out_port);
+  GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, ntohs(sin.sin_port));
   sin.sin_port = htons(*port);
   Runtime::Get()->AcquirePolling();
   std::lock_guard<std::mutex> g(s->mu);
   s->rdma_listeners.push_back(sin);
+  return true;
+}
+
+int RequestedPort(const grpc_resolved_address* addr) {
+  const auto* sa = reinterpret_cast<const sockaddr*>(addr->addr);
+  if (sa->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  if (sa->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port);
+  return 0;
+}
+
+grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* addr,
+                          int* out_port) {
+  Server* s = Ours(server);
+  if (s == nullptr) return Tcp()->add_port(server, addr, out_port);
+  sockaddr_in sin{};
+  // A port named in advance (as a server restarted on its port is): RDMA CM
+  // listens before TCP does. The other way round, a client retrying the
+  // restarting server could find TCP up and no RDMA listener yet, and
+  // remember the address as TCP-only (TF_RDMA_FALLBACK_TTL_S). Port 0 has
+  // no such clients: TCP picks the port, then RDMA CM listens on it.
+  int wanted = RequestedPort(addr);
+  if (wanted > 0 && RdmaAddressFor(s, addr, wanted, &sin)) {
+    unsigned port_index;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      port_index = s->ports_added;  // taken once TCP has it too
+    }
+    bool listening = ListenRdma(s, sin, port_index);
+    grpc_error_handle err = Tcp()->add_port(s->tcp, addr, out_port);
+    if (!err.ok()) {
+      if (listening) {
+        Runtime::Get()->engine()->StopListening(sin);
+        Runtime::Get()->ReleasePolling();
+        std::lock_guard<std::mutex> g(s->mu);
+        s->rdma_listeners.pop_back();
+      }
+      return err;
+    }
+    std::lock_guard<std::mutex> g(s->mu);
+    ++s->ports_added;
+    return err;
+  }
+  grpc_error_handle err = Tcp()->add_port(s->tcp, addr, out_port);
+  if (!err.ok()) return err;
+  unsigned port_index;
+  {
+    std::lock_guard<std::mutex> g(s->mu);
+    port_index = s->ports_added++;
+  }
+  if (RdmaAddressFor(s, addr, *out_port, &sin)) ListenRdma(s, sin, port_index);
   return err;
 }
 

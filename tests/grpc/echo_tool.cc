@@ -5,7 +5,7 @@
 //   echo_tool serve ADDR:PORT          prints "port N" and serves until
 //                                      stdin closes
 //   echo_tool call TARGET [--tls CA HOST]  unary calls of several sizes on
-//                                      two channels, one after the other;
+//                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
 //                                      came back
 //   echo_tool idle TARGET SECONDS      one call, then holds the channel
@@ -61,9 +61,9 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
   }
   const size_t kSizes[] = {0, 1, 8192, 8193, 100000, 1 << 20, (4 << 20) + 1};
   uint32_t seed = 1;
-  // Two channels: the second shows what the first taught the plugin (an
-  // address without RDMA goes straight to TCP).
-  for (int channel = 0; channel < 2; ++channel) {
+  // Three channels: the third shows what the first two taught the plugin
+  // (an address TCP reached twice where RDMA did not goes straight to TCP).
+  for (int channel = 0; channel < 3; ++channel) {
   args.SetInt("echo_tool.channel", channel);
   auto stub = Echo::NewStub(grpc::CreateCustomChannel(target, creds, args));
   for (size_t n : kSizes) {
