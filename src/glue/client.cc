@@ -87,7 +87,9 @@ void OnTcpDone(void* arg, grpc_error_handle error) {
                       "again to confirm", a->key.c_str());
     }
   }
-  if (a->remembered && !error.ok()) Runtime::Get()->ForgetFailure(a->key);
+  // TCP did not reach it either: the server is down, and what was noted of
+  // it (remembered or not) says nothing of what comes back.
+  if ((a->remembered || a->rdma_failed) && !error.ok()) Runtime::Get()->ForgetFailure(a->key);
   grpc_core::Closure::Run(DEBUG_LOCATION, a->on_connect, std::move(error));
 }
 

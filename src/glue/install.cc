@@ -212,13 +212,18 @@ bool Runtime::RememberFailure(const std::string& key,
   auto now = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> g(mu_);
   auto it = failed_.find(key);
-  if (it != failed_.end() && it->second.seen < tried &&
-      now - it->second.seen < std::chrono::seconds(options_.fallback_ttl_s)) {
-    it->second = {now, true};
-    return true;
+  bool live = it != failed_.end() &&
+              now - it->second.seen < std::chrono::seconds(options_.fallback_ttl_s);
+  if (!live) {
+    failed_[key] = {now, false};
+    return false;
   }
-  failed_[key] = {now, false};
-  return false;
+  if (it->second.confirmed) return true;
+  // An attempt that started before the first TCP success (connections made
+  // at once) confirms nothing: it may have raced the same restart.
+  if (it->second.seen >= tried) return false;
+  it->second = {now, true};
+  return true;
 }
 
 void Runtime::ForgetFailure(const std::string& key) {

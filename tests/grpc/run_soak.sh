@@ -77,7 +77,9 @@ ADDR_S=127.0.0.1 ADDR_C=127.0.0.1 PRE_S=() PRE_C=()
 SERVER_PID="" PORT=0
 RANDOM=$SEED
 
+CLIENT=""
 cleanup() {
+  [ -n "$CLIENT" ] && kill -KILL "$CLIENT" 2>/dev/null
   [ -n "$SERVER_PID" ] && kill -CONT "$SERVER_PID" 2>/dev/null && kill "$SERVER_PID" 2>/dev/null
   exec 8>&- 2>/dev/null
   if [ "$NETNS" = 1 ]; then ip netns del "$NS_S" 2>/dev/null; ip netns del "$NS_C" 2>/dev/null; fi
@@ -114,7 +116,11 @@ server_rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$SERVER_PID/status" 2>/dev/nu
 start_server() {
   rm -f "$TMP/stdin" "$TMP/server.out"
   mkfifo "$TMP/stdin"
+  # A connection accepted but not established within the connect timeout
+  # is dropped: 10 s, so that a slow CPU (CI runs this beside other tests)
+  # is not taken for a peer that never finished.
   "${PRE_S[@]}" env TF_RDMA_STATS="$TMP/server.stats" TF_RDMA_STATS_INTERVAL_S=1 \
+    TF_RDMA_CONNECT_TIMEOUT_MS=10000 \
     "SOFTVERBS_DEVICES=mlx5_0:$ADDR_S" "$RUN" --preload "$LIB" \
     "$SERVER_TOOL" serve "$ADDR_S:$1" <"$TMP/stdin" >"$TMP/server.out" 2>>"$TMP/server.err" &
   SERVER_PID=$!
@@ -128,6 +134,15 @@ start_server() {
   done
   [ -n "$p" ] || die "the server did not start on port $1"
   PORT=$p
+}
+
+# A server's crash or sanitizer report is a failure even when it happened
+# while faults were allowed (a restart would hide it otherwise).
+check_server_log() {
+  if grep -qE "AddressSanitizer|LeakSanitizer|runtime error:|terminate called|Assertion .* failed" \
+       "$TMP/server.err" 2>/dev/null; then
+    die "the server reported: $(grep -m1 -E "AddressSanitizer|LeakSanitizer|runtime error:|terminate called|Assertion .* failed" "$TMP/server.err")"
+  fi
 }
 
 # wait_idle SECONDS: until the server holds no RDMA connection and no
@@ -164,15 +179,25 @@ case "$FAULTS" in *stop*) ;; *) CLIENT_ENV=(TF_RDMA_CONNECT_TIMEOUT_MS=10000) ;;
 "${PRE_C[@]}" env TF_RDMA_STATS="$TMP/client.stats" "SOFTVERBS_DEVICES=mlx5_0:$ADDR_C" \
   "${CLIENT_ENV[@]}" \
   "$RUN" --preload "$LIB" "$CLIENT_TOOL" "$ADDR_S:$PORT" "$SECONDS_RUN" "$QUIET" \
-  --workers "$WORKERS" --seed "$SEED" >"$TMP/client.out" 2>"$TMP/client.err" &
+  --workers "$WORKERS" --seed "$SEED" >"$TMP/client.out" 2>"$TMP/client.err" 8>&- &
 CLIENT=$!
 t0=$(date +%s)
 faults_end=$(( t0 + SECONDS_RUN - QUIET ))
 kills=0 stops=0 shown=0 last_server_line=$t0
 next=$(( t0 + FAULT_EVERY / 2 + RANDOM % FAULT_EVERY ))
+# The client's calls each have a deadline (30 s at most) and it checks them,
+# but only for calls that return: past this, it is hung.
+hang_at=$(( t0 + SECONDS_RUN + 120 ))
 while kill -0 "$CLIENT" 2>/dev/null; do
   sleep 1
   now=$(date +%s)
+  if [ "$now" -ge "$hang_at" ]; then
+    kill -ABRT "$CLIENT" 2>/dev/null
+    die "the soak client still runs 120 s after its end: hung (SIGABRT sent; its stacks, if any, in client.err)"
+  fi
+  # The server may go only when we kill it: gone by itself, it crashed.
+  kill -0 "$SERVER_PID" 2>/dev/null ||
+    die "the server died by itself at $(( now - t0 ))s (not a fault of ours)"
   # The client's progress lines, as they come.
   lines=$(wc -l <"$TMP/client.out")
   if [ "$lines" -gt "$shown" ]; then
@@ -194,6 +219,7 @@ while kill -0 "$CLIENT" 2>/dev/null; do
     echo "soak: fault at $(( now - t0 ))s: the server is killed (SIGKILL) and restarted"
     kill -KILL "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID" 2>/dev/null
+    check_server_log
     exec 8>&-
     sleep "0.$(( RANDOM % 10 ))"
     start_server "$PORT"
@@ -230,13 +256,16 @@ case "$FAULTS" in
        die "${tcp:-?} client connections went by TCP with $kills restarts and $WORKERS workers: after a restart, connections must ride RDMA again" ;;
 esac
 
+check_server_log
 wait_idle 15 || die "the server kept connections or pinned memory 15 s after the client ended"
 fds0=$(server_fds) thr0=$(server_threads) rss0=$(server_rss_kb)
 # A second client, no faults at all: all OK, all RDMA, and the server gives
 # back every descriptor and thread the connections took.
 "${PRE_C[@]}" env TF_RDMA_STATS="$TMP/client2.stats" "SOFTVERBS_DEVICES=mlx5_0:$ADDR_C" \
-  "$RUN" --preload "$LIB" "$CLIENT_TOOL" "$ADDR_S:$PORT" 10 9 --workers 2 --seed "$SEED" \
-  >"$TMP/client2.out" 2>"$TMP/client2.err" || die "the second client (no faults) failed"
+  TF_RDMA_CONNECT_TIMEOUT_MS=10000 \
+  "$RUN" --preload "$LIB" "$CLIENT_TOOL" "$ADDR_S:$PORT" 10 10 --workers 2 --seed "$SEED" \
+  --grace 0 >"$TMP/client2.out" 2>"$TMP/client2.err" 8>&- ||
+  die "the second client (no faults) failed"
 tail -n 1 "$TMP/client2.out"
 tcp=$(cstat "$TMP/client2.stats" tcp_client_connections)
 [ "$tcp" = 0 ] || die "the second client made ${tcp:-?} TCP connections: new clients must still ride RDMA"
@@ -257,4 +286,5 @@ for _ in $(seq 1 150); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1;
 kill -0 "$SERVER_PID" 2>/dev/null && die "the server did not stop within 15 s of being told"
 wait "$SERVER_PID" || die "the server exited with $?"
 SERVER_PID=""
+check_server_log
 echo "PASS soak: ${SECONDS_RUN} s, $kills server kills, $stops server stops, every byte checked"

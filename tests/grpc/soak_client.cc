@@ -1,7 +1,7 @@
 // soak_client: the client half of the soak (tests/grpc/run_soak.sh). Public
 // grpc++ API only; grpc-rdma is preloaded by the driver.
 //
-//   soak_client TARGET SECONDS QUIET_SECONDS [--workers N] [--seed S]
+//   soak_client TARGET SECONDS QUIET_SECONDS [--workers N] [--seed S] [--grace G]
 //
 // N workers (default 4) each make calls of every shape of the Echo service
 // (unary, upload, download, chat, sink) with sizes from 1 byte to 8 MiB,
@@ -15,15 +15,18 @@
 //   - no call outlives its deadline by more than 5 s (no hang);
 //   - a call ends OK, or CANCELLED when this client cancelled it, or
 //     DEADLINE_EXCEEDED when its deadline passed; UNAVAILABLE (the server
-//     went: the driver kills and restarts it) only before the quiet period;
-//   - in the last QUIET_SECONDS (no faults from the driver) every call
-//     that this client does not fault ends OK;
+//     went: the driver kills and restarts it) only in calls started before
+//     the quiet period plus G seconds (default 5, at most half the quiet
+//     period: a restart's reconnects);
+//   - in the last QUIET_SECONDS (no faults from the driver), from G seconds
+//     in, every call that this client does not fault ends OK, and some do;
 //   - at the end, with every channel gone, the plugin holds no connection
 //     and no pinned memory within 10 s.
 // Prints a line every 10 s (calls by outcome, MB moved, connections) and a
 // summary line "soak: ok ..." or "soak: FAIL ...".
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +49,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Totals {
   std::atomic<uint64_t> ok{0}, cancelled{0}, deadline{0}, unavailable{0}, bytes{0};
+  std::atomic<uint64_t> quiet_ok{0};  // OK calls started in the checked quiet period
   std::atomic<uint64_t> channels{0};
   std::mutex mu;
   std::string failure;  // the first
@@ -63,6 +67,7 @@ enum class Fault { kNone, kCancel, kShortDeadline };
 
 class Worker {
  public:
+  // `quiet_from`: when every call must end as its own faults say.
   Worker(const std::string& target, int id, uint32_t seed, Clock::time_point quiet_from,
          Totals* t)
       : target_(target), id_(id), rng_(seed), quiet_from_(quiet_from), t_(t) {}
@@ -108,10 +113,11 @@ class Worker {
                " ms by more than 5 s");
       return;
     }
-    const bool quiet = started >= quiet_from_ + std::chrono::seconds(5);
+    const bool quiet = started >= quiet_from_;
     switch (s.error_code()) {
       case grpc::StatusCode::OK:
         ++t_->ok;
+        if (quiet) ++t_->quiet_ok;
         return;
       case grpc::StatusCode::CANCELLED:
         if (f == Fault::kCancel) {
@@ -253,7 +259,8 @@ class Worker {
 };
 
 int Usage() {
-  fprintf(stderr, "usage: soak_client TARGET SECONDS QUIET_SECONDS [--workers N] [--seed S]\n");
+  fprintf(stderr,
+          "usage: soak_client TARGET SECONDS QUIET_SECONDS [--workers N] [--seed S] [--grace G]\n");
   return 2;
 }
 
@@ -263,15 +270,18 @@ int main(int argc, char** argv) {
   if (argc < 4) return Usage();
   std::string target = argv[1];
   int seconds = atoi(argv[2]), quiet = atoi(argv[3]);
-  int workers = 4;
+  int workers = 4, grace = -1;  // default: 5 s, or half a shorter quiet period
   uint64_t seed = static_cast<uint64_t>(time(nullptr));
   for (int i = 4; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--workers") workers = atoi(argv[i + 1]);
     else if (a == "--seed") seed = strtoull(argv[i + 1], nullptr, 10);
+    else if (a == "--grace") grace = atoi(argv[i + 1]);
     else return Usage();
   }
-  if (seconds <= 0 || quiet < 0 || quiet >= seconds || workers <= 0) return Usage();
+  if (grace < 0) grace = std::min(5, quiet / 2);
+  if (seconds <= 0 || quiet < 0 || quiet > seconds || workers <= 0 || grace > quiet)
+    return Usage();
   printf("soak: %d s (the last %d quiet), %d workers, seed %llu\n", seconds, quiet, workers,
          static_cast<unsigned long long>(seed));
   fflush(stdout);
@@ -279,7 +289,7 @@ int main(int argc, char** argv) {
   Totals t;
   auto start = Clock::now();
   auto end = start + std::chrono::seconds(seconds);
-  auto quiet_from = end - std::chrono::seconds(quiet);
+  auto quiet_from = end - std::chrono::seconds(quiet) + std::chrono::seconds(grace);
   std::vector<std::thread> threads;
   for (int i = 0; i < workers; ++i) {
     threads.emplace_back([&, i] {
@@ -333,6 +343,7 @@ int main(int argc, char** argv) {
            std::to_string(st["rdma_connections_open"]) + " connections and " +
            std::to_string(st["pinned_bytes"]) + " pinned bytes");
   if (t.ok.load() == 0) t.Fail("no call ended OK");
+  if (quiet > grace && t.quiet_ok.load() == 0) t.Fail("no call ended OK in the quiet period");
   stats_line(t.failed() ? "soak: FAIL at" : "soak: ok at");
   if (t.failed()) {
     printf("soak: FAIL: %s\n", t.failure.c_str());
