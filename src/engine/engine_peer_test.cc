@@ -633,6 +633,31 @@ TEST(EnginePeers, ARemovedDeviceIsAFaultOnEachConnection) {
   }
 }
 
+// An address change (RDMA_CM_EVENT_ADDR_CHANGE on the listener and on both
+// ends of a connection) is logged and nothing else: the stream carries on
+// whole, no fault is counted, the listener still accepts.
+TEST(EnginePeers, AnAddressChangeIsLoggedAndConnectionsCarryOn) {
+  StderrCapture log;
+  pid_t child = Spawn({"--child", "addr-change"}, {"SOFTVERBS_ADDR_CHANGE_MS=300"});
+  ASSERT_GT(child, 0);
+  int status = 0;
+  pid_t r = 0;
+  for (int t = 0; t < 6000 && (r = waitpid(child, &status, WNOHANG)) == 0; ++t)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (r == 0) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the child did not end within 60 s\n" << log.Text();
+  }
+  ASSERT_TRUE(WIFEXITED(status)) << log.Text();
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the step that failed (ChildAddrChange)\n" << log.Text();
+  EXPECT_TRUE(log.WaitFor("the devices' address changes now", 1000)) << log.Text();
+  EXPECT_TRUE(log.WaitFor("changed (RDMA_CM_EVENT_ADDR_CHANGE); it keeps listening", 1000))
+      << log.Text();
+  EXPECT_TRUE(log.WaitFor("changed (RDMA_CM_EVENT_ADDR_CHANGE); its connections carry on", 1000))
+      << log.Text();
+}
+
 TEST(EnginePeers, DelayedCompletionsStillDeliverEverything) {
   RunWithKnobs({"SOFTVERBS_DELAY_US=2000"}, "transfer");
 }
@@ -1349,6 +1374,53 @@ int ChildDeviceRemoved() {
   return 0;
 }
 
+// Both ends in this process, 24 MiB flowing from one to the other, paced
+// over about 1.2 s, and the devices' address changed in the middle
+// (SOFTVERBS_ADDR_CHANGE_MS, as a bonding failover): every byte arrives,
+// nothing is counted as a fault, and the listener still takes a new
+// connection. Exit status: 0, or the step.
+int ChildAddrChange() {
+  Options o;
+  o.chunk_size = 256 << 10;
+  auto accepted = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
+  auto second = std::make_shared<std::promise<void>>();
+  auto count = std::make_shared<std::atomic<int>>(0);
+  std::string payload = Pattern(24 << 20, 12);
+  std::shared_ptr<Drain> d;
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  auto port = (*se)->Listen(Loopback(0), [accepted, second, count](std::shared_ptr<Connection> c) {
+    if (count->fetch_add(1) == 0) accepted->set_value(std::move(c));
+    else second->set_value();
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto af = accepted->get_future();
+  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 12;
+  auto s = af.get();
+  d = std::make_shared<Drain>(s, payload.size());
+  for (size_t off = 0; off < payload.size(); off += 1 << 20) {
+    auto wd = std::make_shared<std::promise<absl::Status>>();
+    iovec v{payload.data() + off, 1 << 20};
+    (*c)->Write({v}, [wd](absl::Status st) { wd->set_value(st); });
+    auto f = wd->get_future();
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 5;
+    if (!f.get().ok()) return 6;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (d->done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return 7;
+  if (!d->end.ok() || d->data != payload) return 8;
+  if ((*se)->connection_errors() != 0 || (*ce)->connection_errors() != 0) return 9;
+  auto again = ConnectTo(**ce, *port);
+  if (!again.ok()) return 10;
+  if (second->get_future().wait_for(std::chrono::seconds(10)) != std::future_status::ready)
+    return 11;
+  return 0;
+}
+
 // A peer that never completes the connection exchange (no RTU after the
 // server's accept): the server's half-set-up connection, with its receive
 // buffers pinned, is dropped once TF_RDMA_CONNECT_TIMEOUT_MS has passed,
@@ -1642,6 +1714,7 @@ int main(int argc, char** argv) {
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     if (m == "device-removed") return grpc_rdma::ChildDeviceRemoved();
+    if (m == "addr-change") return grpc_rdma::ChildAddrChange();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);
     return 100;

@@ -34,6 +34,10 @@ struct CmGlobals {
   // and whether they went.
   uint64_t removal_due_us = 0;
   bool removed = false;
+  // SOFTVERBS_ADDR_CHANGE_MS: when the devices' address changes (0: not
+  // scheduled), and whether it did.
+  uint64_t addr_change_due_us = 0;
+  bool addr_changed = false;
 };
 std::atomic<CmGlobals*> g_cm{new CmGlobals()};
 
@@ -179,8 +183,9 @@ void ConnectQp(CmId* id, const rdma_conn_param& mine) {
 
 namespace {
 
-// The CM's timer word: the first delayed event's time, else the removal's,
-// else 1 while a connect waits for its deadline, else 0 (no timers).
+// The CM's timer word: the first delayed event's time, else the removal's
+// or the address change's, else 1 while a connect waits for its deadline,
+// else 0 (no timers).
 void UpdateCmTimers() {
   CmGlobals* g = g_cm.load();
   bool connecting = false;
@@ -188,16 +193,23 @@ void UpdateCmTimers() {
   uint64_t next = !g->delayed.empty() ? g->delayed.front().due_us : 0;
   if (g->removal_due_us != 0 && !g->removed && (next == 0 || g->removal_due_us < next))
     next = g->removal_due_us;
+  if (g->addr_change_due_us != 0 && !g->addr_changed &&
+      (next == 0 || g->addr_change_due_us < next))
+    next = g->addr_change_due_us;
   Rt().cm_timers.store(next != 0 ? next : connecting ? 1 : 0);
 }
 
-// The first connection of the process is up: the removal fault, if set,
-// is due SOFTVERBS_DEVICE_REMOVAL_MS from now.
-void ScheduleDeviceRemoval() {
+// The first connection of the process is up: the removal fault and the
+// address change, if set, are due SOFTVERBS_DEVICE_REMOVAL_MS and
+// SOFTVERBS_ADDR_CHANGE_MS from now.
+void ScheduleDeviceEvents() {
   CmGlobals* g = g_cm.load();
-  int ms = GetConfig().device_removal_ms;
-  if (ms == 0 || g->removal_due_us != 0) return;
-  g->removal_due_us = NowUs() + static_cast<uint64_t>(ms) * 1000;
+  int ms = GetConfig().device_removal_ms, change_ms = GetConfig().addr_change_ms;
+  bool removal = ms != 0 && g->removal_due_us == 0;
+  bool change = change_ms != 0 && g->addr_change_due_us == 0;
+  if (!removal && !change) return;
+  if (removal) g->removal_due_us = NowUs() + static_cast<uint64_t>(ms) * 1000;
+  if (change) g->addr_change_due_us = NowUs() + static_cast<uint64_t>(change_ms) * 1000;
   UpdateCmTimers();
   Rt().StartAgent();
   Rt().Wake();
@@ -236,10 +248,31 @@ void RemoveDevices() {
   }
 }
 
+// The devices' address changes, as on a bonding failover: every listening
+// or connected id gets RDMA_CM_EVENT_ADDR_CHANGE, and nothing else happens
+// (connections carry on, as the kernel's do).
+void ChangeAddress() {
+  CmGlobals* g = g_cm.load();
+  g->addr_changed = true;
+  Warn("SOFTVERBS_ADDR_CHANGE_MS: the devices' address changes now");
+  std::vector<CmId*> ids(g->ids.begin(), g->ids.end());
+  for (CmId* id : ids) {
+    switch (id->state) {
+      case CmState::kListen:
+      case CmState::kResponse:
+      case CmState::kConnected:
+        PushEvent(id, RDMA_CM_EVENT_ADDR_CHANGE, 0);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
 }  // namespace
 
 void LinkUp(CmId* id) {
-  ScheduleDeviceRemoval();
+  ScheduleDeviceEvents();
   Link* l = id->link;
   char desc[96];
   snprintf(desc, sizeof(desc), "cm %s:%u %s", inet_ntoa(id->id.route.addr.dst_sin.sin_addr),
@@ -503,6 +536,8 @@ void OnTimers(uint64_t now) {
   }
   CmGlobals* g = g_cm.load();
   if (g->removal_due_us != 0 && !g->removed && g->removal_due_us <= now) RemoveDevices();
+  if (g->addr_change_due_us != 0 && !g->addr_changed && g->addr_change_due_us <= now)
+    ChangeAddress();
   UpdateCmTimers();
   for (CmId* id : Ids()) {
     if (id->state == CmState::kConnecting && id->deadline_us != 0 && now > id->deadline_us) {

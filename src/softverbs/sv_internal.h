@@ -70,6 +70,7 @@ struct Config {
   int cm_port_xor = 0x8000;      // RDMA CM port P listens on TCP port P^xor
   int resolve_us = 1000;         // address and route resolution take this long
   int device_removal_ms = 0;     // fault: the devices go this long after the first connection
+  int addr_change_ms = 0;        // event: their address changes this long after it
 };
 
 const Config& GetConfig();
