@@ -139,9 +139,14 @@ start_server() {
 # A server's crash or sanitizer report is a failure even when it happened
 # while faults were allowed (a restart would hide it otherwise).
 check_server_log() {
-  if grep -qE "AddressSanitizer|LeakSanitizer|runtime error:|terminate called|Assertion .* failed" \
-       "$TMP/server.err" 2>/dev/null; then
-    die "the server reported: $(grep -m1 -E "AddressSanitizer|LeakSanitizer|runtime error:|terminate called|Assertion .* failed" "$TMP/server.err")"
+  check_log server.err
+}
+# check_log FILE: a sanitizer report, an abort or a failed assertion in it
+# fails the soak (a UBSan report does not change the exit status).
+BAD_LINES="AddressSanitizer|LeakSanitizer|runtime error:|terminate called|Assertion .* failed|assertion failed|Check failed"
+check_log() {
+  if grep -qE "$BAD_LINES" "$TMP/$1" 2>/dev/null; then
+    die "$1 says: $(grep -m1 -E "$BAD_LINES" "$TMP/$1")"
   fi
 }
 
@@ -193,11 +198,16 @@ while kill -0 "$CLIENT" 2>/dev/null; do
   now=$(date +%s)
   if [ "$now" -ge "$hang_at" ]; then
     kill -ABRT "$CLIENT" 2>/dev/null
-    die "the soak client still runs 120 s after its end: hung (SIGABRT sent; its stacks, if any, in client.err)"
+    for _ in $(seq 1 100); do kill -0 "$CLIENT" 2>/dev/null || break; sleep 0.1; done
+    die "the soak client still ran 120 s after its end: hung (SIGABRT sent; what it printed is in client.err)"
   fi
   # The server may go only when we kill it: gone by itself, it crashed.
-  kill -0 "$SERVER_PID" 2>/dev/null ||
-    die "the server died by itself at $(( now - t0 ))s (not a fault of ours)"
+  if ! kill -0 "$SERVER_PID" 2>/dev/null; then
+    wait "$SERVER_PID"
+    st=$?
+    SERVER_PID=""
+    die "the server died by itself at $(( now - t0 ))s (exit status $st; not a fault of ours)"
+  fi
   # The client's progress lines, as they come.
   lines=$(wc -l <"$TMP/client.out")
   if [ "$lines" -gt "$shown" ]; then
@@ -219,6 +229,9 @@ while kill -0 "$CLIENT" 2>/dev/null; do
     echo "soak: fault at $(( now - t0 ))s: the server is killed (SIGKILL) and restarted"
     kill -KILL "$SERVER_PID" 2>/dev/null
     wait "$SERVER_PID" 2>/dev/null
+    st=$?
+    # 137: our SIGKILL. Anything else: it had ended by itself just before.
+    [ "$st" -eq 137 ] || { SERVER_PID=""; die "the server had ended by itself (exit status $st) when it was to be killed"; }
     check_server_log
     exec 8>&-
     sleep "0.$(( RANDOM % 10 ))"
@@ -234,6 +247,8 @@ while kill -0 "$CLIENT" 2>/dev/null; do
 done
 wait "$CLIENT"
 rc=$?
+CLIENT=""
+check_log client.err
 tail -n +$(( shown + 1 )) "$TMP/client.out"
 [ "$rc" -eq 0 ] || die "the soak client failed (exit $rc), $kills kills and $stops stops of the server"
 grep -q "^soak: ok" "$TMP/client.out" || die "the soak client printed no result"
@@ -263,9 +278,11 @@ fds0=$(server_fds) thr0=$(server_threads) rss0=$(server_rss_kb)
 # back every descriptor and thread the connections took.
 "${PRE_C[@]}" env TF_RDMA_STATS="$TMP/client2.stats" "SOFTVERBS_DEVICES=mlx5_0:$ADDR_C" \
   TF_RDMA_CONNECT_TIMEOUT_MS=10000 \
+  timeout -s ABRT -k 10 90 \
   "$RUN" --preload "$LIB" "$CLIENT_TOOL" "$ADDR_S:$PORT" 10 10 --workers 2 --seed "$SEED" \
   --grace 0 >"$TMP/client2.out" 2>"$TMP/client2.err" 8>&- ||
-  die "the second client (no faults) failed"
+  die "the second client (no faults) failed (124 or 134: it hung for 90 s)"
+check_log client2.err
 tail -n 1 "$TMP/client2.out"
 tcp=$(cstat "$TMP/client2.stats" tcp_client_connections)
 [ "$tcp" = 0 ] || die "the second client made ${tcp:-?} TCP connections: new clients must still ride RDMA"
