@@ -68,6 +68,12 @@ struct Options {
   // TF_RDMA_CONNECT_TIMEOUT_MS: how long a client tries RDMA CM before it
   // falls back (or fails).
   int connect_timeout_ms = 1000;
+  // TF_RDMA_MAX_HALF_OPEN: how many connections a server holds accepted
+  // but not yet established (their peer has not finished the exchange);
+  // one more drops the oldest of them. The engine lowers it so that they
+  // hold at most an eighth of TF_RDMA_BUF_SIZE and a quarter of the
+  // process's descriptor limit (RLIMIT_NOFILE).
+  int max_half_open = 256;
   // TF_RDMA_GRANT_TIMEOUT_MS: how long a peer may leave the memory granted
   // for a large message it announced unwritten (no chunk landing) before
   // the connection is closed and the memory freed.

@@ -203,6 +203,7 @@ void Ranges(const Options& o, uint64_t max_acc, Parser* p) {
   range("eager_depth", static_cast<uint64_t>(o.eager_depth), 3, 4096);
   range("spin_us", static_cast<uint64_t>(o.spin_us), 0, 1000000);
   range("connect_timeout_ms", static_cast<uint64_t>(o.connect_timeout_ms), 1, 600000);
+  range("max_half_open", static_cast<uint64_t>(o.max_half_open), 1, 100000);
   range("grant_timeout_ms", static_cast<uint64_t>(o.grant_timeout_ms), 100, 3600000);
   range("fallback_ttl_s", static_cast<uint64_t>(o.fallback_ttl_s), 0, 86400);
   range("stats_interval_s", static_cast<uint64_t>(o.stats_interval_s), 0, 86400);
@@ -258,6 +259,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
                    &o.poll_mode);
   p.Int("TF_RDMA_SPIN_US", 0, 1000000, &o.spin_us, "microseconds");
   p.Int("TF_RDMA_CONNECT_TIMEOUT_MS", 1, 600000, &o.connect_timeout_ms, "milliseconds");
+  p.Int("TF_RDMA_MAX_HALF_OPEN", 1, 100000, &o.max_half_open, "connections");
   p.Int("TF_RDMA_GRANT_TIMEOUT_MS", 100, 3600000, &o.grant_timeout_ms, "milliseconds");
   p.Enum<Fallback>("TF_RDMA_FALLBACK", {{"tcp", Fallback::kTcp}, {"none", Fallback::kNone}},
                    &o.fallback);
@@ -324,6 +326,7 @@ std::string DescribeOptions(const Options& o) {
                       " chunks_in_flight=", o.chunks_in_flight, " eager_depth=", o.eager_depth,
                       " poll_mode=", poll, " spin_us=", o.spin_us,
                       " connect_timeout_ms=", o.connect_timeout_ms,
+                      " max_half_open=", o.max_half_open,
                       " grant_timeout_ms=", o.grant_timeout_ms,
                       " fallback=", o.fallback == Fallback::kTcp ? "tcp" : "none",
                       " fallback_ttl_s=", o.fallback_ttl_s,

@@ -157,6 +157,19 @@ TEST(Options, StatsEveryInterval) {
   EXPECT_FALSE(ValidateOptions(bad).ok());
 }
 
+TEST(Options, HalfOpenCap) {
+  auto o = ParseOptions(Env({}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_half_open, 256);
+  o = ParseOptions(Env({{"TF_RDMA_MAX_HALF_OPEN", "500"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->max_half_open, 500);
+  EXPECT_NE(DescribeOptions(*o).find("max_half_open=500"), std::string::npos);
+  Options bad;
+  bad.max_half_open = 0;
+  EXPECT_FALSE(ValidateOptions(bad).ok());
+}
+
 TEST(Options, ValuesUsersAlreadyUse) {
   auto o = ParseOptions(Env({{"TF_RDMA_BUF_SIZE", "10737418240"},
                              {"TF_RDMA_CHUNK_SIZE", "1048576"},
@@ -212,6 +225,9 @@ TEST(Options, BadValuesNameTheVariableTheValueAndWhatIsAllowed) {
   e = Error({{"TF_RDMA_GRANT_TIMEOUT_MS", "50"}});
   EXPECT_NE(e.find("TF_RDMA_GRANT_TIMEOUT_MS"), std::string::npos) << e;
   EXPECT_NE(e.find("from 100 to 3600000"), std::string::npos) << e;
+  e = Error({{"TF_RDMA_MAX_HALF_OPEN", "0"}});
+  EXPECT_NE(e.find("TF_RDMA_MAX_HALF_OPEN='0'"), std::string::npos) << e;
+  EXPECT_NE(e.find("from 1 to 100000"), std::string::npos) << e;
   e = Error({{"TF_RDMA_STATS_INTERVAL_S", "-5"}});
   EXPECT_NE(e.find("TF_RDMA_STATS_INTERVAL_S='-5'"), std::string::npos) << e;
   e = Error({{"TF_RDMA_STATS_INTERVAL_S", "90000"}});

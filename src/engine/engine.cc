@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -42,6 +43,23 @@ rdma_conn_param ConnParam(const wire::Hello* hello) {
   return p;
 }
 
+// Descriptors a connection holds before it is established: its completion
+// channel, and under softverbs its wire's socket, doorbells and the
+// shared-memory segment's (5 measured; 1 on hardware, where the CQ, QP and
+// CM id have none of their own).
+constexpr uint64_t kFdsPerConnection = 5;
+
+int HalfOpenCap(const Options& o) {
+  uint64_t cap = static_cast<uint64_t>(std::max(o.max_half_open, 1));
+  uint64_t each = static_cast<uint64_t>(o.eager_depth) *
+                  BufferPool::ClassFor(o.acc_size + wire::kHeaderBytes);
+  if (each > 0) cap = std::min(cap, o.buf_size / 8 / each);
+  rlimit fds{};
+  if (getrlimit(RLIMIT_NOFILE, &fds) == 0 && fds.rlim_cur != RLIM_INFINITY)
+    cap = std::min<uint64_t>(cap, fds.rlim_cur / 4 / kFdsPerConnection);
+  return static_cast<int>(std::max<uint64_t>(cap, 1));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- engine ---
@@ -50,7 +68,8 @@ EngineImpl::EngineImpl(const Options& o, ChunkMemory memory)
     : options(o),
       chunk_memory(memory),
       budget(o.buf_size, OneConnectionBytes(o)),
-      device_(o.device_explicit ? o.device : "") {}
+      device_(o.device_explicit ? o.device : ""),
+      half_open_cap_(HalfOpenCap(o)) {}
 
 const char* EngineImpl::WrongPathLocked(rdma_cm_id* id, const char* what) {
   ibv_context* ctx = id != nullptr ? id->verbs : nullptr;
@@ -295,9 +314,48 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
           "an RDMA connection from %s:%d was accepted but never established "
           "within %d ms (TF_RDMA_CONNECT_TIMEOUT_MS); dropping it",
           ip, ntohs(a->sin_port), options.connect_timeout_ms);
+      refused.fetch_add(1);
     }
     FailConnectLocked(c.get(), absl::UnavailableError("RDMA connection timed out"), d);
   }
+}
+
+void EngineImpl::MakeHalfOpenRoomLocked(Deferred* d) {
+  int half_open = 0;
+  std::shared_ptr<ConnImpl> oldest;
+  for (auto& [id, c] : conns_) {
+    // Accepted, not established: the connect deadline is set at the
+    // accept, so the earliest is the oldest.
+    if (!c->passive() || !c->accepted || c->connect_deadline_us == 0) continue;
+    ++half_open;
+    if (oldest == nullptr || c->connect_deadline_us < oldest->connect_deadline_us) oldest = c;
+  }
+  if (half_open < half_open_cap_ || oldest == nullptr) return;
+  std::lock_guard<std::mutex> cl(oldest->mu());
+  if (!oldest->connect_done) return;  // being handed over
+  refused.fetch_add(1);
+  ++half_open_unlogged_;
+  uint64_t now = NowMicros();
+  if (now - half_open_logged_us_ >= 1000000) {  // a flood logs once a second
+    const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(oldest->cm_id()));
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+    std::string cap = half_open_cap_ == options.max_half_open
+                          ? absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", half_open_cap_)
+                          : absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", options.max_half_open,
+                                         " lowered to ", half_open_cap_,
+                                         " for the pinned budget and descriptor limit");
+    GRPC_RDMA_LOG_ERROR(
+        "%d RDMA connections are accepted and not yet established, the most allowed (%s): "
+        "dropping the oldest, from %s:%d, for a new one (%llu dropped so since the last "
+        "such line)",
+        half_open, cap.c_str(), ip, ntohs(a->sin_port),
+        static_cast<unsigned long long>(half_open_unlogged_));
+    half_open_logged_us_ = now;
+    half_open_unlogged_ = 0;
+  }
+  FailConnectLocked(oldest.get(), absl::UnavailableError("too many half-open RDMA connections"),
+                    d);
 }
 
 // Refuses a connection request, counted before the peer can know of it.
@@ -325,6 +383,7 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
     rdma_destroy_id(e->id);
     return;
   }
+  MakeHalfOpenRoomLocked(d);
   auto c = std::make_shared<ConnImpl>(shared_from_this(), CmId(e->id), true);
   std::lock_guard<std::mutex> cl(c->mu());
   conns_[e->id] = c;

@@ -56,7 +56,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // wakes the poller only while there are any.
   std::atomic<int> buffer_waiters{0};
   std::atomic<uint64_t> wakeups{0};  // Wake() calls
-  std::atomic<uint64_t> refused{0};  // connection requests rejected
+  // Connection requests rejected, and accepted connections dropped
+  // before they were established (timed out, or over the half-open cap).
+  std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> connection_errors{0};  // connections a fault closed (FailLocked)
   static constexpr int kExternalGraceUs = 250;
   static constexpr uint64_t kHostActiveUs = 100000;
@@ -118,6 +120,18 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // listener, whose requests inherit it).
   absl::Status SetTosLocked(rdma_cm_id* id);
   void RejectLocked(rdma_cm_id* id);
+  // Server connections accepted and not yet established ("half-open")
+  // are at most this many: Options::max_half_open, lowered so that they
+  // hold at most an eighth of the pinned budget and a quarter of the
+  // descriptor limit (HalfOpenCap). A connection request past it drops
+  // the oldest of them, so that a peer that never completes the exchange
+  // can hold neither the budget nor the descriptors, nor keep honest
+  // peers out for longer than it takes them to connect.
+  const int half_open_cap_;
+  // With mu: makes room for one more half-open connection.
+  void MakeHalfOpenRoomLocked(Deferred* d);
+  uint64_t half_open_logged_us_ = 0;  // with mu: the last drop logged
+  uint64_t half_open_unlogged_ = 0;   // drops since
   std::string wrong_device_why_;
   std::vector<std::string> wrong_devices_logged_;
   // `listener`: the listening id's context, read before the event was

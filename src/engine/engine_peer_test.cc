@@ -232,6 +232,9 @@ TEST(EnginePeers, ConnectionStormsLeaveNothingBehind) {
   setrlimit(RLIMIT_NOFILE, &nofile);
   Options o;
   o.eager_depth = 8;  // 1,000 connections' receive buffers fit the default budget
+  // Opened together, they all wait to be established at once: a server
+  // expecting such bursts raises the half-open cap to the burst.
+  o.max_half_open = std::max(o.max_half_open, at_once);
   auto se = Engine::Create(o);
   auto ce = Engine::Create(o);
   ASSERT_TRUE(se.ok() && ce.ok());
@@ -962,23 +965,28 @@ int ChildDeaf(uint16_t port) {
 // an engine, takes the server's accept (CONNECT_RESPONSE) and never
 // completes the exchange (no rdma_establish, so no RTU): the server's
 // connection stays set up and never established. Then waits to be killed.
+// HALF_OPEN_COUNT (1) such connections, one after the other (each
+// answered before the next), all kept.
 int ChildHalfOpen(uint16_t port) {
-  RawPeer peer;
-  if (!peer.Resolve(port)) return 11;
-  rdma_cm_id* id = peer.id;
-  ibv_pd* pd = ibv_alloc_pd(id->verbs);
-  ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
-  ibv_qp_init_attr qa = RcAttr(cq, 4);
-  ibv_qp* qp = pd && cq ? ibv_create_qp(pd, &qa) : nullptr;
-  if (qp == nullptr) return 12;
-  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
-  rdma_conn_param p{};
-  p.private_data = &h;
-  p.private_data_len = sizeof(h);
-  p.qp_num = qp->qp_num;
-  p.retry_count = 7;
-  if (rdma_connect(id, &p) || !peer.Next(RDMA_CM_EVENT_CONNECT_RESPONSE)) return 13;
-  printf("half-open\n");
+  int count = getenv("HALF_OPEN_COUNT") ? atoi(getenv("HALF_OPEN_COUNT")) : 1;
+  for (int i = 0; i < count; ++i) {
+    auto* peer = new RawPeer;  // kept until the process is killed
+    if (!peer->Resolve(port)) return 11;
+    rdma_cm_id* id = peer->id;
+    ibv_pd* pd = ibv_alloc_pd(id->verbs);
+    ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
+    ibv_qp_init_attr qa = RcAttr(cq, 4);
+    ibv_qp* qp = pd && cq ? ibv_create_qp(pd, &qa) : nullptr;
+    if (qp == nullptr) return 12;
+    wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0};
+    rdma_conn_param p{};
+    p.private_data = &h;
+    p.private_data_len = sizeof(h);
+    p.qp_num = qp->qp_num;
+    p.retry_count = 7;
+    if (rdma_connect(id, &p) || !peer->Next(RDMA_CM_EVENT_CONNECT_RESPONSE)) return 13;
+  }
+  printf("half-open %d\n", count);
   fflush(stdout);
   for (;;) pause();
 }
@@ -1469,6 +1477,59 @@ TEST(EnginePeers, AHalfOpenConnectionIsDroppedAfterTheConnectTimeout) {
   for (int i = 0; i < 200 && accepted.load() == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(accepted.load(), 1);
+}
+
+// A flood of half-open connections (a peer that never completes the
+// exchange, faster than the connect timeout drops them) holds no more
+// than the cap: each one past it drops the oldest, with a log line that
+// names the setting, counted as refused; the memory they hold stays
+// within the cap's share, and an honest peer still connects over RDMA
+// while the flood's connections are held. (Without the cap, all 12 stay
+// set up for the whole minute of the connect timeout.)
+TEST(EnginePeers, HalfOpenConnectionsPastTheCapDropTheOldest) {
+  StderrCapture log;
+  Options o;
+  o.connect_timeout_ms = 60000;  // no drop by timeout during the test
+  o.max_half_open = 4;
+  auto se = Engine::Create(o);
+  ASSERT_TRUE(se.ok());
+  std::atomic<int> accepted{0};
+  auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection>) { ++accepted; });
+  ASSERT_TRUE(port.ok());
+  const uint64_t before = (*se)->pinned_bytes();
+  // One first, to learn what a half-open connection pins.
+  pid_t first = Spawn({"--child", "half-open", std::to_string(*port)});
+  ASSERT_GT(first, 0);
+  for (int i = 0; i < 1000 && (*se)->pinned_bytes() == before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const uint64_t each = (*se)->pinned_bytes() - before;
+  ASSERT_GT(each, 0u) << "the server set the first half-open connection up";
+  pid_t flood = Spawn({"--child", "half-open", std::to_string(*port)}, {"HALF_OPEN_COUNT=11"});
+  ASSERT_GT(flood, 0);
+  // 12 in all, 4 kept: 8 dropped, one per request past the cap.
+  for (int i = 0; i < 2000 && (*se)->refused() < 8; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  int status = 0;
+  ASSERT_EQ(waitpid(flood, &status, WNOHANG), 0) << "the flooding peer exited with " << status;
+  EXPECT_EQ((*se)->refused(), 8u);
+  EXPECT_LE((*se)->pinned_bytes(), before + 4 * each)
+      << "more than 4 half-open connections' receive buffers (" << each << " bytes each)";
+  EXPECT_TRUE(log.WaitFor("are accepted and not yet established", 2000)) << log.Text();
+  EXPECT_TRUE(log.WaitFor("TF_RDMA_MAX_HALF_OPEN=4", 100)) << log.Text();
+  EXPECT_EQ(accepted.load(), 0);
+  // An honest peer gets in while the flood's connections are held.
+  auto ce = Engine::Create(Options{});
+  ASSERT_TRUE(ce.ok());
+  auto c = ConnectTo(**ce, *port);
+  EXPECT_TRUE(c.ok()) << c.status();
+  for (int i = 0; i < 500 && accepted.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(accepted.load(), 1);
+  EXPECT_EQ((*se)->refused(), 9u) << "the honest peer's request dropped one more";
+  kill(first, SIGKILL);
+  kill(flood, SIGKILL);
+  waitpid(first, nullptr, 0);
+  waitpid(flood, nullptr, 0);
 }
 
 // A connection closed while its last sends are still unacknowledged, to a

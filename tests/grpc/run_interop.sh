@@ -37,6 +37,12 @@
 #   no-device  TF_RDMA_DEV_NAME names an absent device: at the default
 #              verbosity, one ERROR line says RDMA is off and why; TCP
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
+#   half-open-flood  a server limited to 1,024 descriptors and a peer
+#              that opens 300 RDMA connections it never completes (CM
+#              request, no RTU; engine_peer_test's half-open child): the
+#              server keeps at most its half-open cap of them (one more
+#              drops the oldest, logged, counted as refused), and an honest
+#              client's calls still go over RDMA
 #   dev-name   two devices on the client (mlx5_0 on 127.0.0.1, mlx5_1 on
 #              127.0.0.2) and TF_RDMA_DEV_NAME=mlx5_1, the server on
 #              127.0.0.1: TCP, with the engine's line through gRPC's logger
@@ -46,7 +52,7 @@ set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
        device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
-       roce-settings)
+       roce-settings half-open-flood)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -71,6 +77,7 @@ OCTET=$(( $$ % 250 + 1 ))
 ADDR_S="10.211.$OCTET.1"
 ADDR_C="10.211.$OCTET.2"
 SERVER_PID=""
+SERVER_WRAP=()  # a command the server runs under (prlimit)
 FAILS=()
 
 cleanup() {
@@ -124,7 +131,7 @@ start_server() {
   local pre=()
   [ -n "$ns" ] && pre=(ip netns exec "$ns")
   mkfifo "$TMP/stdin"
-  "${pre[@]}" "${SIDE_ENV[@]}" "$TOOL" serve "$addr:0" $SERVER_TLS \
+  "${pre[@]}" "${SERVER_WRAP[@]}" "${SIDE_ENV[@]}" "$TOOL" serve "$addr:0" $SERVER_TLS \
     <"$TMP/stdin" >"$TMP/server.out" 2>"$TMP/server.err" &
   SERVER_PID=$!
   exec 8>"$TMP/stdin"
@@ -454,6 +461,33 @@ case "$CASE" in
     expect "$S" rdma_server_connections ge 1
     expect "$S" connections_refused eq 0
     ls "$TMP"/server.stats.tmp.* >/dev/null 2>&1 && fail "a temporary stats file was left behind"
+    ;;
+  half-open-flood)
+    # 300 half-open connections hold 1,500 descriptors under softverbs: past
+    # the 1,024 limit, as found before the cap (an honest RPC then failed).
+    # The cap there is 1024 / 4 / 5 = 51. The connect timeout, which drops
+    # them too, is raised to a minute, as where peers are slow to answer.
+    FLOOD=$BUILD/src/engine/engine_peer_test
+    [ -x "$FLOOD" ] || { echo "FAIL $CASE: $FLOOD is missing (build the tree first)"; exit 1; }
+    SERVER_WRAP=(prlimit --nofile=1024 --)
+    if start_server "" 127.0.0.1 1 TF_RDMA_CONNECT_TIMEOUT_MS=60000; then
+      env SOFTVERBS_DEVICES=mlx5_0:127.0.0.1 HALF_OPEN_COUNT=300 \
+        "$FLOOD" --child half-open "$PORT" >"$TMP/flood.out" 2>"$TMP/flood.err" &
+      fpid=$!
+      wait_for_line "$TMP/flood.out" "half-open 300" 90 ||
+        fail "the flood did not open its 300 connections: $(tail -n 3 "$TMP/flood.err")"
+      wait_for_line "$TMP/server.err" "are accepted and not yet established" 10 ||
+        fail "the server did not log the half-open cap: $(tail -n 3 "$TMP/server.err")"
+      held=$(ls /proc/"$(pgrep -n -f "$TOOL serve")"/fd 2>/dev/null | wc -l)
+      [ "$held" -le 512 ] || fail "the server holds $held descriptors under the flood"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1
+      kill "$fpid" 2>/dev/null
+      wait "$fpid" 2>/dev/null
+      stop_server
+    fi
+    expect "$C" rdma_client_connections ge 2
+    expect "$C" tcp_client_connections eq 0
+    expect "$S" connections_refused ge 249
     ;;
   *) echo "unknown case $CASE (see --list)" >&2; exit 2 ;;
 esac
