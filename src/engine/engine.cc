@@ -224,8 +224,7 @@ void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::Connec
   Wake();  // the connect deadline needs the poller's attention
 }
 
-absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept) {
-  std::lock_guard<std::mutex> g(mu);
+absl::StatusOr<CmId> EngineImpl::ListenIdLocked(const sockaddr_in& addr, size_t index) {
   ASSIGN_OR_RETURN(CmId id, CreateCmId(events_.get(), nullptr));
   sockaddr_in a = addr;
   RETURN_IF_ERROR(CheckErrno(rdma_bind_addr(id.get(), reinterpret_cast<sockaddr*>(&a)) != 0,
@@ -236,11 +235,39 @@ absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::Acc
     return absl::FailedPreconditionError(why);
   RETURN_IF_ERROR(SetTosLocked(id.get()));
   RETURN_IF_ERROR(CheckErrno(rdma_listen(id.get(), 128) != 0, "rdma_listen"));
+  id->context = reinterpret_cast<void*>(index + 1);
+  return id;
+}
+
+absl::StatusOr<uint16_t> EngineImpl::Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept) {
+  std::lock_guard<std::mutex> g(mu);
+  ASSIGN_OR_RETURN(CmId id, ListenIdLocked(addr, listeners_.size()));
   uint16_t port = ntohs(rdma_get_src_port(id.get()));
-  id->context = reinterpret_cast<void*>(listeners_.size() + 1);
   listeners_.push_back(std::move(id));
   accept_fns_.push_back(std::move(on_accept));
   return port;
+}
+
+void EngineImpl::RelistenLocked() {
+  if (lost_listeners_.empty()) return;
+  uint64_t now = NowMicros();
+  for (size_t i = 0; i < lost_listeners_.size();) {
+    LostListener& l = lost_listeners_[i];
+    if (now < l.next_try_us) {
+      ++i;
+      continue;
+    }
+    absl::StatusOr<CmId> id = ListenIdLocked(l.addr, l.index);
+    if (!id.ok()) {  // still no device there (ENODEV), or the port taken
+      l.next_try_us = now + static_cast<uint64_t>(kRelistenMs) * 1000;
+      ++i;
+      continue;
+    }
+    GRPC_RDMA_LOG_ERROR("an RDMA device is back under port %d: listening for RDMA there again",
+                        ntohs(l.addr.sin_port));
+    listeners_[l.index] = std::move(*id);
+    lost_listeners_.erase(lost_listeners_.begin() + static_cast<long>(i));
+  }
 }
 
 void EngineImpl::StopListening(const sockaddr_in& addr) {
@@ -254,6 +281,15 @@ void EngineImpl::StopListening(const sockaddr_in& addr) {
           a->sin_addr.s_addr == addr.sin_addr.s_addr) {
         gone.push_back(std::move(listeners_[i]));
         accept_fns_[i] = nullptr;
+      }
+    }
+    // One whose device went is not tried again.
+    for (auto it = lost_listeners_.begin(); it != lost_listeners_.end();) {
+      if (it->addr.sin_port == addr.sin_port && it->addr.sin_addr.s_addr == addr.sin_addr.s_addr) {
+        accept_fns_[it->index] = nullptr;
+        it = lost_listeners_.erase(it);
+      } else {
+        ++it;
       }
     }
   }
@@ -276,6 +312,7 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
 }
 
 void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
+  RelistenLocked();
   uint64_t now = NowMicros();
   ConnList late;
   ConnList draining;
@@ -446,11 +483,17 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
         return;
       }
       GRPC_RDMA_LOG_ERROR("the RDMA device under the listener on port %d was removed "
-                          "(RDMA_CM_EVENT_DEVICE_REMOVAL): it stops listening for RDMA; "
-                          "clients fall back to TCP",
-                          port);
+                          "(RDMA_CM_EVENT_DEVICE_REMOVAL): it stops listening for RDMA, and "
+                          "clients fall back to TCP, until a device is back there (tried "
+                          "every %d ms)",
+                          port, kRelistenMs);
+      // Its address, port included (the one given may have been 0), to
+      // listen on again once a device is back.
+      sockaddr_in bound{};
+      memcpy(&bound, rdma_get_local_addr(e->id), sizeof(bound));
+      lost_listeners_.push_back(
+          {i, bound, NowMicros() + static_cast<uint64_t>(kRelistenMs) * 1000});
       auto gone = std::make_shared<CmId>(std::move(listeners_[i]));
-      accept_fns_[i] = nullptr;
       d->push_back([gone] {});  // destroyed after the locks are dropped (see StopListening)
       return;
     }
@@ -521,9 +564,10 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
       // finish, and a new connection finds no device and goes by TCP.
       static std::atomic<bool> said{false};
       if (!said.exchange(true)) {
-        GRPC_RDMA_LOG_ERROR("the RDMA device %s was removed (RDMA_CM_EVENT_DEVICE_REMOVAL): "
-                            "its connections are closed; new ones fall back to TCP",
-                            DeviceNameOf(e->id));
+        GRPC_RDMA_LOG_ERROR(
+            "the RDMA device %s was removed (RDMA_CM_EVENT_DEVICE_REMOVAL): its connections are "
+            "closed; new ones fall back to TCP while it is gone",
+            DeviceNameOf(e->id));
       }
       absl::Status why = absl::UnavailableError(
           "the RDMA device was removed (RDMA_CM_EVENT_DEVICE_REMOVAL)");

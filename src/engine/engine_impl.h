@@ -152,6 +152,23 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
 
   EventChannel events_;
   std::vector<CmId> listeners_;
+  // Listeners whose device was removed (RDMA_CM_EVENT_DEVICE_REMOVAL): the
+  // address each was bound to, and when to try it again. Every
+  // kRelistenMs the engine binds and listens there anew, with the same
+  // accept function (index into listeners_), until a device is back
+  // there (a driver bound again) or StopListening forgets it.
+  struct LostListener {
+    size_t index;
+    sockaddr_in addr;
+    uint64_t next_try_us;
+  };
+  std::vector<LostListener> lost_listeners_;
+  static constexpr int kRelistenMs = 1000;
+  // With mu: one try for each lost listener that is due.
+  void RelistenLocked();
+  // With mu: a bound and listening id on `addr` (port 0: any), its
+  // context set to listener number `index` + 1.
+  absl::StatusOr<CmId> ListenIdLocked(const sockaddr_in& addr, size_t index);
   std::vector<Engine::AcceptFn> accept_fns_;  // indexed like listeners_
   std::map<rdma_cm_id*, std::shared_ptr<ConnImpl>> conns_;
   int epfd_ = -1;       // shared with a host loop: CM, wake-ups, connections no host polls

@@ -239,6 +239,9 @@ void EngineImpl::PollerMain() {
           if (g != 0 && g < grants) grants = g;
         }
         if (deadline && (timeout < 0 || timeout > 10)) timeout = 10;
+        // A listener lost with its device is tried again every kRelistenMs.
+        if (!lost_listeners_.empty() && (timeout < 0 || timeout > kRelistenMs))
+          timeout = kRelistenMs;
         if (grants != UINT64_MAX) {
           // Seconds away as a rule: wake for it then, not every 10 ms.
           uint64_t now = NowMicros();

@@ -34,6 +34,9 @@ struct CmGlobals {
   // and whether they went.
   uint64_t removal_due_us = 0;
   bool removed = false;
+  // SOFTVERBS_DEVICE_RETURN_MS: when removed devices come back (0: never,
+  // or back already).
+  uint64_t return_due_us = 0;
   // SOFTVERBS_ADDR_CHANGE_MS: when the devices' address changes (0: not
   // scheduled), and whether it did.
   uint64_t addr_change_due_us = 0;
@@ -196,6 +199,7 @@ void UpdateCmTimers() {
   if (g->addr_change_due_us != 0 && !g->addr_changed &&
       (next == 0 || g->addr_change_due_us < next))
     next = g->addr_change_due_us;
+  if (g->return_due_us != 0 && (next == 0 || g->return_due_us < next)) next = g->return_due_us;
   Rt().cm_timers.store(next != 0 ? next : connecting ? 1 : 0);
 }
 
@@ -225,6 +229,8 @@ void RemoveDevices() {
   g->removed = true;
   for (Device* d : Rt().devices) d->removed = true;
   Warn("SOFTVERBS_DEVICE_REMOVAL_MS: the devices are removed now");
+  if (int ms = GetConfig().device_return_ms; ms != 0)
+    g->return_due_us = NowUs() + static_cast<uint64_t>(ms) * 1000;
   std::vector<CmId*> ids(g->ids.begin(), g->ids.end());
   for (CmId* id : ids) {
     switch (id->state) {
@@ -536,6 +542,13 @@ void OnTimers(uint64_t now) {
   }
   CmGlobals* g = g_cm.load();
   if (g->removal_due_us != 0 && !g->removed && g->removal_due_us <= now) RemoveDevices();
+  if (g->return_due_us != 0 && g->return_due_us <= now) {
+    // Back, as a device whose driver is bound again: new ids bind and
+    // resolve on it; what the removal ended stays ended.
+    g->return_due_us = 0;
+    for (Device* d : Rt().devices) d->removed = false;
+    Warn("SOFTVERBS_DEVICE_RETURN_MS: the devices are back now");
+  }
   if (g->addr_change_due_us != 0 && !g->addr_changed && g->addr_change_due_us <= now)
     ChangeAddress();
   UpdateCmTimers();

@@ -176,7 +176,7 @@ ConfigResult Load() {
   long spin = c.spin_us, ring_kb = static_cast<long>(c.ring_bytes >> 10), shm = 1,
        delay = 0, drop = 0, fail = 0, qp_wr = c.max_qp_wr, cqe = c.max_cqe,
        sge = c.max_sge, inl = c.max_inline, trace = 0, resolve = c.resolve_us, direct = 1,
-       acc_db = 1, removal = 0, addr_change = 0;
+       acc_db = 1, removal = 0, addr_change = 0, device_return = 0;
   bool ok = ParseLong("SOFTVERBS_SPIN_US", 0, 1000000, &spin, &e) &&
             ParseLong("SOFTVERBS_RING_KB", 4, 1 << 20, &ring_kb, &e) &&
             ParseLong("SOFTVERBS_SHM", 0, 1, &shm, &e) &&
@@ -194,6 +194,7 @@ ConfigResult Load() {
             ParseLong("SOFTVERBS_RESOLVE_US", 0, 10000000, &resolve, &e) &&
             ParseLong("SOFTVERBS_DEVICE_REMOVAL_MS", 0, 3600000, &removal, &e) &&
             ParseLong("SOFTVERBS_ADDR_CHANGE_MS", 0, 3600000, &addr_change, &e) &&
+            ParseLong("SOFTVERBS_DEVICE_RETURN_MS", 0, 3600000, &device_return, &e) &&
             ParseDevices(&c, &e, &r.warnings);
   if ((ring_kb & (ring_kb - 1)) != 0 && ok) {
     e = "SOFTVERBS_RING_KB='" + std::to_string(ring_kb) + "' is not valid: expected a power of two";
@@ -219,6 +220,7 @@ ConfigResult Load() {
   c.resolve_us = static_cast<int>(resolve);
   c.device_removal_ms = static_cast<int>(removal);
   c.addr_change_ms = static_cast<int>(addr_change);
+  c.device_return_ms = static_cast<int>(device_return);
   if (const char* s = getenv("SOFTVERBS_STATS")) {
     c.stats = (strcmp(s, "1") == 0) ? "stderr" : s;
   }

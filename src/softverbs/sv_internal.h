@@ -71,6 +71,7 @@ struct Config {
   int resolve_us = 1000;         // address and route resolution take this long
   int device_removal_ms = 0;     // fault: the devices go this long after the first connection
   int addr_change_ms = 0;        // event: their address changes this long after it
+  int device_return_ms = 0;      // removed devices come back this long after the removal
 };
 
 const Config& GetConfig();

@@ -23,6 +23,10 @@
 #                 (SOFTVERBS_DEVICE_REMOVAL_MS, as an unplugged HCA): the
 #                 stream fails within seconds, the server says why, and the
 #                 next client's calls go by TCP (no RDMA listener left)
+#   device-returns  the same, and the device comes back 2 s after it went
+#                 (SOFTVERBS_DEVICE_RETURN_MS, a driver bound again): the
+#                 server says it listens for RDMA again, and the next
+#                 client's calls all go over RDMA
 #   small-pool    TF_RDMA_BUF_SIZE far below the data in flight (64 KiB
 #                 chunks, 1 MiB of pinned memory per process) and 4 MiB
 #                 messages: backpressure, every byte right, over RDMA
@@ -52,7 +56,7 @@ set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
        device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
-       roce-settings half-open-flood)
+       roce-settings half-open-flood device-returns)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -329,6 +333,25 @@ case "$CASE" in
       expect "$S" rdma_server_connections ge 1
       expect "$S" tcp_server_connections ge 1
       expect "$S" connection_errors ge 1
+    fi
+    ;;
+  device-returns)
+    if start_server "" 127.0.0.1 1 SOFTVERBS_DEVICE_REMOVAL_MS=300 SOFTVERBS_DEVICE_RETURN_MS=2000; then
+      side_env client 1 SOFTVERBS_DEVICES=mlx5_0:127.0.0.1
+      timeout 60 "${SIDE_ENV[@]}" "$TOOL" watch "127.0.0.1:$PORT" \
+        >"$TMP/watch.out" 2>"$TMP/watch.err"
+      rc=$?
+      [ "$rc" -eq 0 ] || fail "watch exit $rc when the server's device went (1: the stream ended OK; 124: it hung)"
+      wait_for_line "$TMP/server.err" "stops listening for RDMA" 10 ||
+        fail "the server did not say its RDMA listener stopped: $(tail -n 3 "$TMP/server.err")"
+      wait_for_line "$TMP/server.err" "listening for RDMA there again" 15 ||
+        fail "the server did not listen again when its device came back: $(tail -n 3 "$TMP/server.err")"
+      rm -f "$C"
+      call "" 127.0.0.1 "127.0.0.1:$PORT" 1
+      stop_server
+      expect "$C" rdma_client_connections ge 2
+      expect "$C" tcp_client_connections eq 0
+      expect "$S" rdma_server_connections ge 3
     fi
     ;;
   small-pool)
