@@ -84,5 +84,9 @@ std::string StatsJson(const Stats& stats);
 // current stats as a JSON object in memory from malloc (the caller frees
 // it), or NULL when out of memory.
 extern "C" char* grpc_rdma_stats_json(void);
+// Likewise: each open RDMA connection, a line each (client or server,
+// peer, device, state, what is pending, bytes moved, time open), for
+// diagnosing a connection that does not go away; empty when none.
+extern "C" char* grpc_rdma_connections_text(void);
 
 #endif  // GRPC_RDMA_GRPC_RDMA_H_

@@ -370,6 +370,35 @@ ConnectionStats ConnImpl::stats() const {
   return stats_;
 }
 
+std::string ConnImpl::Describe() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::string s = absl::StrCat(passive_ ? "server" : "client", " ", peer_, " ", device_, " ");
+  switch (state_) {
+    case State::kSetup: absl::StrAppend(&s, "setting up"); break;
+    case State::kUp: absl::StrAppend(&s, "up"); break;
+    case State::kClosed:
+      absl::StrAppend(&s, "closed (", close_status_.message(),
+                      closed_by_flush_ ? ", by a flush" : "", ")");
+      break;
+  }
+  absl::StrAppend(&s, peer_closed_ ? ", peer closed" : "",
+                  pending_read_ ? ", a read waiting" : "", ", ", ready_.size(),
+                  " chunks unread, ", writes_.size(), " writes queued");
+  if (!writes_.empty()) {
+    const WriteOp& w = writes_.front();
+    absl::StrAppend(&s, " (first: ", w.copied, " of ", w.total, " bytes",
+                    w.rts_sent ? ", announced" : "", ")");
+  }
+  absl::StrAppend(&s, ", ", inflight_.size() + static_cast<size_t>(inline_inflight_),
+                  " sends in flight", disconnect_when_drained_ ? " (disconnect after them)" : "",
+                  ", ", out_grants_.size(), " grants to write, ", landings_.size(),
+                  " grants out", in_active_ ? absl::StrCat(" (receiving ", in_received_, " of ",
+                                                          in_total_, " bytes)")
+                                            : std::string(),
+                  ", ", stats_.bytes_sent, " bytes sent, ", stats_.bytes_received, " received");
+  return s;
+}
+
 // ----------------------------------------------------------------- close ---
 
 void ConnImpl::DisconnectNowLocked() {

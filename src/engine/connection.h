@@ -64,6 +64,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::string local() const override;
   std::string device() const override;
   ConnectionStats stats() const override;
+  std::string Describe() const override;
 
   // The connection's lock, for the engine's RDMA CM handling and poller.
   std::mutex& mu() const { return mu_; }

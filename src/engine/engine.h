@@ -132,6 +132,10 @@ class Connection {
   // The RDMA device the connection runs on ("mlx5_0").
   virtual std::string device() const = 0;
   virtual ConnectionStats stats() const = 0;
+  // What the connection is doing, in one line, for diagnosing one that
+  // does not go away: its state (and why it closed), the reads and writes
+  // pending, sends in flight, grants out, and the bytes it moved.
+  virtual std::string Describe() const = 0;
 };
 
 class Engine {

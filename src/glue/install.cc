@@ -389,6 +389,13 @@ struct AutoInstall {
 
 }  // namespace grpc_rdma
 
+extern "C" char* grpc_rdma_connections_text(void) {
+  std::string t = grpc_rdma::DescribeOpenConnections();
+  char* out = static_cast<char*>(malloc(t.size() + 1));
+  if (out != nullptr) memcpy(out, t.c_str(), t.size() + 1);
+  return out;
+}
+
 extern "C" char* grpc_rdma_stats_json(void) {
   std::string j = grpc_rdma::StatsJson(grpc_rdma::GetStats());
   char* out = static_cast<char*>(malloc(j.size() + 1));

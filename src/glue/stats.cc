@@ -1,5 +1,6 @@
 #include "glue/stats.h"
 
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <string>
@@ -12,6 +13,7 @@ struct Open {
   std::weak_ptr<Connection> conn;
   std::string device;
   const std::atomic<uint64_t>* endpoint_copies = nullptr;
+  std::chrono::steady_clock::time_point since;
 };
 
 struct Registry {
@@ -48,7 +50,7 @@ void TrackConnection(const std::shared_ptr<Connection>& c,
   DeviceStats& d = R().devices[device];
   d.name = device;
   ++d.connections;
-  R().open[c.get()] = Open{c, std::move(device), endpoint_copies};
+  R().open[c.get()] = Open{c, std::move(device), endpoint_copies, std::chrono::steady_clock::now()};
 }
 
 void UntrackConnection(const Connection* c) {
@@ -59,6 +61,20 @@ void UntrackConnection(const Connection* c) {
     R().devices[it->second.device] += CountsOf(*conn, it->second.endpoint_copies);
   }
   R().open.erase(it);
+}
+
+std::string DescribeOpenConnections() {
+  std::lock_guard<std::mutex> g(R().mu);
+  std::string out;
+  auto now = std::chrono::steady_clock::now();
+  for (auto& [k, o] : R().open) {
+    auto c = o.conn.lock();
+    if (c == nullptr) continue;
+    long ms = static_cast<long>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - o.since).count());
+    out += c->Describe() + "; open " + std::to_string(ms) + " ms\n";
+  }
+  return out;
 }
 
 StreamSnapshot StreamTotals() {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -40,6 +41,10 @@ struct StreamSnapshot {
   std::vector<DeviceStats> devices;
 };
 StreamSnapshot StreamTotals();
+
+// Each open RDMA connection gRPC holds (an endpoint not yet destroyed),
+// one line each: Connection::Describe, and how long it has been open.
+std::string DescribeOpenConnections();
 
 }  // namespace grpc_rdma
 

@@ -4,6 +4,7 @@
 // the library preloaded and once linked (tests/grpc/CMakeLists.txt). Every
 // test reads the library's counters to prove which transport carried it.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <grpc/support/log.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -441,6 +442,46 @@ TEST_F(E2eTest, AServerThatWasDownGetsRdmaWhenItComesBack) {
   EXPECT_EQ(Delta("fallbacks_remembered"), 0) << "the down server was remembered as without RDMA";
   ExpectRdma(1, 20000);
   server->Shutdown(Clock::now());
+}
+
+// grpc_rdma_connections_text: a line for each open RDMA connection, both
+// ends of this process's, saying what it is doing; the client's goes with
+// its channel.
+TEST_F(E2eTest, OpenConnectionsAreDescribed) {
+  using Fn = char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"));
+  ASSERT_NE(fn, nullptr);
+  auto text = [&] {
+    char* t = fn();
+    std::string s = t != nullptr ? t : "";
+    free(t);
+    return s;
+  };
+  const std::string client = "client rdma:127.0.0.1:" + std::to_string(port_) + " ";
+  {
+    auto stub = NewStub();
+    Blob req, resp;
+    req.set_data(Pattern(100000, 7));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(30));
+    ASSERT_TRUE(stub->Unary(&ctx, req, &resp).ok());
+    std::string t = text();
+    size_t at = t.find(client);
+    ASSERT_NE(at, std::string::npos) << t;
+    std::string line = t.substr(at, t.find('\n', at) - at);
+    EXPECT_NE(line.find(" up, "), std::string::npos) << line;
+    EXPECT_NE(line.find(" writes queued"), std::string::npos) << line;
+    EXPECT_NE(line.find(" bytes sent"), std::string::npos) << line;
+    EXPECT_NE(line.find("; open "), std::string::npos) << line;
+    EXPECT_NE(t.find("server rdma:127.0.0.1:"), std::string::npos) << t;
+  }
+  std::string t;
+  for (int i = 0; i < 100; ++i) {
+    t = text();
+    if (t.find(client) == std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(t.find(client), std::string::npos) << "still listed after its channel went:\n" << t;
 }
 
 // grpc.rdma.tcp_only_ports: one server, two ports, one of them TCP only.

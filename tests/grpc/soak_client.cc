@@ -24,6 +24,7 @@
 //     and no pinned memory within 10 s.
 // Prints a line every 10 s (calls by outcome, MB moved, connections) and a
 // summary line "soak: ok ..." or "soak: FAIL ...".
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -338,10 +339,19 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   if (st.empty()) t.Fail("grpc-rdma is not in this process (preload it)");
-  else if (st["rdma_connections_open"] != 0 || st["pinned_bytes"] != 0)
+  else if (st["rdma_connections_open"] != 0 || st["pinned_bytes"] != 0) {
     t.Fail("10 s after the last channel went, the plugin still holds " +
            std::to_string(st["rdma_connections_open"]) + " connections and " +
            std::to_string(st["pinned_bytes"]) + " pinned bytes");
+    // What each is doing, for the diagnosis.
+    using Fn = char* (*)();
+    if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"))) {
+      if (char* text = fn()) {
+        fprintf(stderr, "soak: the open RDMA connections:\n%s", text);
+        free(text);
+      }
+    }
+  }
   if (t.ok.load() == 0) t.Fail("no call ended OK");
   if (quiet > grace && t.quiet_ok.load() == 0) t.Fail("no call ended OK in the quiet period");
   stats_line(t.failed() ? "soak: FAIL at" : "soak: ok at");
