@@ -256,12 +256,21 @@ void Log(const char* fmt, va_list ap) {
 }
 }  // namespace
 
+// Trace lines carry the wall-clock time to the microsecond, as gRPC's log
+// lines do, so that the two read as one timeline.
 void Trace(const char* fmt, ...) {
   if (!GetConfig().trace) return;
+  char buf[512];
   va_list ap;
   va_start(ap, fmt);
-  Log(fmt, ap);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  tm t{};
+  localtime_r(&ts.tv_sec, &t);
+  fprintf(stderr, "softverbs[%d] %02d:%02d:%02d.%06ld: %s\n", getpid(), t.tm_hour, t.tm_min,
+          t.tm_sec, ts.tv_nsec / 1000, buf);
 }
 
 void Warn(const char* fmt, ...) {
