@@ -86,7 +86,9 @@ std::string StatsJson(const Stats& stats);
 extern "C" char* grpc_rdma_stats_json(void);
 // Likewise: each open RDMA connection, a line each (client or server,
 // peer, device, state, what is pending, bytes moved, time open), for
-// diagnosing a connection that does not go away; empty when none.
+// diagnosing a connection that does not go away; empty when none. It takes
+// each connection's lock: not from a gpr_log function (the engine logs
+// with its locks held).
 extern "C" char* grpc_rdma_connections_text(void);
 
 #endif  // GRPC_RDMA_GRPC_RDMA_H_

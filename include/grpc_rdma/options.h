@@ -71,8 +71,9 @@ struct Options {
   // TF_RDMA_MAX_HALF_OPEN: how many connections a server holds accepted
   // but not yet established (their peer has not finished the exchange);
   // one more drops the oldest of them. The engine lowers it so that they
-  // hold at most an eighth of TF_RDMA_BUF_SIZE and a quarter of the
-  // process's descriptor limit (RLIMIT_NOFILE).
+  // hold at most an eighth of the pinned budget (TF_RDMA_BUF_SIZE, or the
+  // locked-memory limit when lower) and a quarter of the process's
+  // descriptor limit (RLIMIT_NOFILE).
   int max_half_open = 256;
   // TF_RDMA_GRANT_TIMEOUT_MS: how long a peer may leave the memory granted
   // for a large message it announced unwritten (no chunk landing) before

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "config/config.h"
 #include "engine/engine_impl.h"
@@ -260,6 +261,12 @@ void EngineImpl::RelistenLocked() {
     absl::StatusOr<CmId> id = ListenIdLocked(l.addr, l.index);
     if (!id.ok()) {  // still no device there (ENODEV), or the port taken
       l.next_try_us = now + static_cast<uint64_t>(kRelistenMs) * 1000;
+      if (!l.said && !absl::StrContains(id.status().message(), strerror(ENODEV))) {
+        l.said = true;  // news once; ENODEV is the device still gone
+        GRPC_RDMA_LOG_ERROR("cannot listen for RDMA on port %d again yet (%s); trying every %d ms",
+                            ntohs(l.addr.sin_port), std::string(id.status().message()).c_str(),
+                            kRelistenMs);
+      }
       ++i;
       continue;
     }
@@ -358,41 +365,53 @@ void EngineImpl::CheckDeadlinesLocked(Deferred* d) {
 }
 
 void EngineImpl::MakeHalfOpenRoomLocked(Deferred* d) {
-  int half_open = 0;
-  std::shared_ptr<ConnImpl> oldest;
-  for (auto& [id, c] : conns_) {
-    // Accepted, not established: the connect deadline is set at the
-    // accept, so the earliest is the oldest.
-    if (!c->passive() || !c->accepted || c->connect_deadline_us == 0) continue;
-    ++half_open;
-    if (oldest == nullptr || c->connect_deadline_us < oldest->connect_deadline_us) oldest = c;
+  // The cap, lowered further if the locked-memory limit lowered the budget.
+  const uint64_t each = static_cast<uint64_t>(options.eager_depth) *
+                        BufferPool::ClassFor(options.acc_size + wire::kHeaderBytes);
+  const int cap = static_cast<int>(std::max<uint64_t>(
+      1, std::min<uint64_t>(static_cast<uint64_t>(half_open_cap_), budget.cap() / 8 / each)));
+  for (;;) {
+    int half_open = 0;
+    std::shared_ptr<ConnImpl> oldest;
+    for (auto& [id, c] : conns_) {
+      // Accepted, not established: the connect deadline is set at the
+      // accept, so the earliest is the oldest.
+      if (!c->passive() || !c->accepted || c->connect_deadline_us == 0) continue;
+      ++half_open;
+      if (oldest == nullptr || c->connect_deadline_us < oldest->connect_deadline_us) oldest = c;
+    }
+    if (half_open < cap || oldest == nullptr) return;
+    std::lock_guard<std::mutex> cl(oldest->mu());
+    if (!oldest->connect_done) {
+      // Closed already (a fault), waiting for its CM events: not half-open
+      // any more, as CheckDeadlinesLocked says.
+      oldest->connect_deadline_us = 0;
+      continue;
+    }
+    refused.fetch_add(1);
+    ++half_open_dropped_;
+    uint64_t now = NowMicros();
+    if (now - half_open_logged_us_ >= 1000000) {  // a flood logs once a second
+      const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(oldest->cm_id()));
+      char ip[INET_ADDRSTRLEN] = "?";
+      inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+      std::string limit =
+          cap == options.max_half_open
+              ? absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", cap)
+              : absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", options.max_half_open, ", lowered to ",
+                             cap, " for the pinned budget and the descriptor limit");
+      GRPC_RDMA_LOG_ERROR(
+          "%d RDMA connections are accepted and not yet established, as many as %s allows: "
+          "dropping the oldest, from %s:%d, for a new one (%llu dropped so in all; this line "
+          "comes at most once a second)",
+          half_open, limit.c_str(), ip, ntohs(a->sin_port),
+          static_cast<unsigned long long>(half_open_dropped_));
+      half_open_logged_us_ = now;
+    }
+    FailConnectLocked(oldest.get(),
+                      absl::UnavailableError("too many half-open RDMA connections"), d);
+    return;
   }
-  if (half_open < half_open_cap_ || oldest == nullptr) return;
-  std::lock_guard<std::mutex> cl(oldest->mu());
-  if (!oldest->connect_done) return;  // being handed over
-  refused.fetch_add(1);
-  ++half_open_unlogged_;
-  uint64_t now = NowMicros();
-  if (now - half_open_logged_us_ >= 1000000) {  // a flood logs once a second
-    const auto* a = reinterpret_cast<const sockaddr_in*>(rdma_get_peer_addr(oldest->cm_id()));
-    char ip[INET_ADDRSTRLEN] = "?";
-    inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
-    std::string cap = half_open_cap_ == options.max_half_open
-                          ? absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", half_open_cap_)
-                          : absl::StrCat("TF_RDMA_MAX_HALF_OPEN=", options.max_half_open,
-                                         " lowered to ", half_open_cap_,
-                                         " for the pinned budget and descriptor limit");
-    GRPC_RDMA_LOG_ERROR(
-        "%d RDMA connections are accepted and not yet established, the most allowed (%s): "
-        "dropping the oldest, from %s:%d, for a new one (%llu dropped so since the last "
-        "such line)",
-        half_open, cap.c_str(), ip, ntohs(a->sin_port),
-        static_cast<unsigned long long>(half_open_unlogged_));
-    half_open_logged_us_ = now;
-    half_open_unlogged_ = 0;
-  }
-  FailConnectLocked(oldest.get(), absl::UnavailableError("too many half-open RDMA connections"),
-                    d);
 }
 
 // Refuses a connection request, counted before the peer can know of it.
@@ -412,7 +431,10 @@ void EngineImpl::OnConnectRequestLocked(rdma_cm_event* e, void* listener, Deferr
     rdma_destroy_id(e->id);
     return;
   }
-  if (li == 0 || li > listeners_.size() || !accept_fns_[li - 1] || bad != nullptr) {
+  // A request still queued on a listener that is gone (stopped, or lost
+  // with its device) is refused like one for no listener.
+  if (li == 0 || li > listeners_.size() || !listeners_[li - 1] || !accept_fns_[li - 1] ||
+      bad != nullptr) {
     GRPC_RDMA_LOG_ERROR(
         "refusing an RDMA connection that is not grpc-rdma's (%s)",
         bad != nullptr ? bad : "no listener");
@@ -492,7 +514,7 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
       sockaddr_in bound{};
       memcpy(&bound, rdma_get_local_addr(e->id), sizeof(bound));
       lost_listeners_.push_back(
-          {i, bound, NowMicros() + static_cast<uint64_t>(kRelistenMs) * 1000});
+          {i, bound, NowMicros() + static_cast<uint64_t>(kRelistenMs) * 1000, false});
       auto gone = std::make_shared<CmId>(std::move(listeners_[i]));
       d->push_back([gone] {});  // destroyed after the locks are dropped (see StopListening)
       return;

@@ -131,7 +131,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // With mu: makes room for one more half-open connection.
   void MakeHalfOpenRoomLocked(Deferred* d);
   uint64_t half_open_logged_us_ = 0;  // with mu: the last drop logged
-  uint64_t half_open_unlogged_ = 0;   // drops since
+  uint64_t half_open_dropped_ = 0;    // with mu: drops in all
   std::string wrong_device_why_;
   std::vector<std::string> wrong_devices_logged_;
   // `listener`: the listening id's context, read before the event was
@@ -161,6 +161,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
     size_t index;
     sockaddr_in addr;
     uint64_t next_try_us;
+    bool said;  // a failure other than "no device" was logged
   };
   std::vector<LostListener> lost_listeners_;
   static constexpr int kRelistenMs = 1000;

@@ -239,6 +239,9 @@ void RemoveDevices() {
       case CmState::kRejected:
         continue;
       case CmState::kListen:
+        // A wildcard listener is on no device: the kernel tells it nothing
+        // (its requests on the removed device stop coming).
+        if (id->id.verbs == nullptr) continue;
         id->state = CmState::kBound;  // requests that still come are refused
         break;
       default:

@@ -256,8 +256,8 @@ void Log(const char* fmt, va_list ap) {
 }
 }  // namespace
 
-// Trace lines carry the wall-clock time to the microsecond, as gRPC's log
-// lines do, so that the two read as one timeline.
+// Trace lines carry the wall-clock time of day to the microsecond, so that
+// they read as one timeline with gRPC's log lines (which carry it too).
 void Trace(const char* fmt, ...) {
   if (!GetConfig().trace) return;
   char buf[512];
@@ -269,7 +269,7 @@ void Trace(const char* fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   tm t{};
   localtime_r(&ts.tv_sec, &t);
-  fprintf(stderr, "softverbs[%d] %02d:%02d:%02d.%06ld: %s\n", getpid(), t.tm_hour, t.tm_min,
+  fprintf(stderr, "softverbs[%d]: %02d:%02d:%02d.%06ld %s\n", getpid(), t.tm_hour, t.tm_min,
           t.tm_sec, ts.tv_nsec / 1000, buf);
 }
 
