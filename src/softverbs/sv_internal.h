@@ -54,6 +54,7 @@ struct Config {
   int spin_us = 20;              // agent busy-polls this long after activity
   size_t ring_bytes = 1 << 20;   // shared-memory ring per direction per QP
   bool use_shm = true;           // same host and netns: shared memory wire
+  bool odp = true;               // on-demand paging MRs (IBV_ACCESS_ON_DEMAND), implicit too
   bool direct_wake = true;       // doorbells wake a channel's waiter (CompChannel)
   bool acceptor_doorbell = true;  // fault: false = acceptors open no doorbell socket
   int delay_us = 0;              // fault: hold every inbound frame this long
@@ -135,6 +136,10 @@ struct Mr {
   ibv_mr mr;
   int access = 0;
   uint64_t pinned = 0;  // whole pages counted against RLIMIT_MEMLOCK
+  // IBV_ACCESS_ON_DEMAND: nothing pinned; pages are checked (faulted in)
+  // as work requests use them. Implicit: the whole address space.
+  bool odp = false;
+  bool implicit = false;
 };
 
 struct Cq;
@@ -481,6 +486,11 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status);
 void RaiseQpEvent(ibv_qp* qp, ibv_event_type type);
 void QpLinkUpLocked(Qp* qp);
 void QpLinkDeadLocked(Qp* qp, bool peer_gone);
+// Faults in every page of [addr, addr + length) as pinning does (for
+// writing when `access` allows a write): 0, or EFAULT when a page is not
+// mapped or not so accessible (sv_verbs.cc). On-demand paging MRs use it
+// per work request.
+int FaultInPages(void* addr, size_t length, unsigned access);
 bool QpHandleFrameBegin(Link* l);  // false: wait (RNR or delay)
 void QpHandleFrameEnd(Link* l);
 void QpRxPassDone(Link* l);  // flushes the cumulative ACK

@@ -89,8 +89,14 @@ bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* to
     if (mr->mr.pd != qp->qp.pd) return false;
     if (need_write && !(mr->access & IBV_ACCESS_LOCAL_WRITE)) return false;
     uint64_t base = reinterpret_cast<uint64_t>(mr->mr.addr);
-    if (sge[i].addr < base || sge[i].addr - base > mr->mr.length ||
-        sge[i].length > mr->mr.length - (sge[i].addr - base))
+    if (!mr->implicit && (sge[i].addr < base || sge[i].addr - base > mr->mr.length ||
+                          sge[i].length > mr->mr.length - (sge[i].addr - base)))
+      return false;
+    // On-demand paging: the device faults the pages in as it uses them,
+    // and a page that cannot be (not mapped, or read-only for a receive)
+    // fails the work request, as the HCA's page fault does.
+    if (mr->odp && FaultInPages(reinterpret_cast<void*>(sge[i].addr), sge[i].length,
+                                need_write ? IBV_ACCESS_LOCAL_WRITE : 0) != 0)
       return false;
   }
   *total = sum;
@@ -106,6 +112,12 @@ char* CheckRemote(Qp* qp, uint32_t rkey, uint64_t addr, uint64_t len, int right)
   if (mr->mr.pd != qp->qp.pd || !(mr->access & right) || !(qp->access & right)) return nullptr;
   uint64_t base = reinterpret_cast<uint64_t>(mr->mr.addr);
   if (addr < base || addr - base > mr->mr.length || len > mr->mr.length - (addr - base))
+    return nullptr;
+  // On-demand paging: a page the device cannot fault in is the access
+  // error the HCA reports.
+  if (mr->odp && len > 0 &&
+      FaultInPages(reinterpret_cast<void*>(addr), len,
+                   right == IBV_ACCESS_REMOTE_READ ? 0u : static_cast<unsigned>(IBV_ACCESS_LOCAL_WRITE)) != 0)
     return nullptr;
   return reinterpret_cast<char*>(addr);
 }

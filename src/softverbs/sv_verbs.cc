@@ -90,6 +90,37 @@ int QueryPortOp(ibv_context* ctx, uint8_t port, ibv_port_attr* attr, size_t len)
   return 0;
 }
 
+// ibv_advise_mr: prefetching pages of on-demand paging MRs faults them in
+// now (for writing with PREFETCH_WRITE); NO_FAULT is a hint only. Each
+// range must lie in an MR of the PD, as the kernel checks.
+int AdviseMrOp(ibv_pd* pd, ibv_advise_mr_advice advice, uint32_t flags, ibv_sge* sg_list,
+               uint32_t num_sge) {
+  if (advice != IBV_ADVISE_MR_ADVICE_PREFETCH && advice != IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE &&
+      advice != IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT)
+    return EOPNOTSUPP;
+  if ((flags & ~static_cast<uint32_t>(IBV_ADVISE_MR_FLAG_FLUSH)) != 0 || num_sge == 0 ||
+      sg_list == nullptr)
+    return EINVAL;
+  for (uint32_t i = 0; i < num_sge; ++i) {
+    {
+      std::lock_guard<std::mutex> g(Rt().mu);
+      auto it = Rt().mrs.find(sg_list[i].lkey);
+      if (it == Rt().mrs.end() || it->second->mr.pd != pd) return EINVAL;
+      Mr* mr = it->second;
+      uint64_t base = reinterpret_cast<uint64_t>(mr->mr.addr);
+      if (!mr->implicit && (sg_list[i].addr < base || sg_list[i].addr - base > mr->mr.length ||
+                            sg_list[i].length > mr->mr.length - (sg_list[i].addr - base)))
+        return EINVAL;
+      if (!mr->odp) continue;  // pinned already
+    }
+    if (advice == IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT) continue;
+    unsigned rights = advice == IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE ? IBV_ACCESS_LOCAL_WRITE : 0;
+    if (FaultInPages(reinterpret_cast<void*>(sg_list[i].addr), sg_list[i].length, rights) != 0)
+      return EFAULT;
+  }
+  return 0;
+}
+
 int QueryDeviceExOp(ibv_context* ctx, const ibv_query_device_ex_input*,
                     ibv_device_attr_ex* attr, size_t len) {
   ibv_device_attr_ex full;
@@ -97,6 +128,14 @@ int QueryDeviceExOp(ibv_context* ctx, const ibv_query_device_ex_input*,
   FillDeviceAttr(DevOf(ctx), &full.orig_attr);
   full.phys_port_cnt_ex = full.orig_attr.phys_port_cnt;
   full.max_dm_size = 0;
+  if (GetConfig().odp) {
+    // On-demand paging for local access, implicit included (as mlx5):
+    // a WR's own memory is faulted in when it is used, nothing is pinned.
+    full.odp_caps.general_caps = IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT;
+    full.odp_caps.per_transport_caps.rc_odp_caps =
+        IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE |
+        IBV_ODP_SUPPORT_READ;
+  }
   memcpy(attr, &full, std::min(len, sizeof(full)));
   return 0;
 }
@@ -129,6 +168,58 @@ ibv_qp* CreateQpExOp(ibv_context* ctx, ibv_qp_init_attr_ex* ex) {
 }
 
 }  // namespace
+
+namespace softverbs {
+
+#ifndef MADV_POPULATE_READ  // Linux 5.14; older headers lack them
+#define MADV_POPULATE_READ 22
+#define MADV_POPULATE_WRITE 23
+#endif
+
+// Whether this kernel has MADV_POPULATE_* (5.14 and later), tried once on
+// a page of our own.
+static bool PopulateWorks() {
+  static const bool works = [] {
+    static char probe[1];
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    void* at = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(probe) & ~(page - 1));
+    return madvise(at, page, MADV_POPULATE_READ) == 0;
+  }();
+  return works;
+}
+
+// As the kernel's ib_umem_get pins them: every page of the range is faulted
+// in now (for writing when the MR may be written, which also breaks
+// copy-on-write sharing), so registering costs here what the page faults
+// cost, and a range that is not mapped, or not writable when it must be,
+// fails with EFAULT as it does on hardware. Runs without Runtime::mu: a
+// large range takes milliseconds. 0 or an errno.
+int FaultInPages(void* addr, size_t length, unsigned access) {
+  if (length == 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  uintptr_t start = a & ~(page - 1);
+  uintptr_t end = (a + length + page - 1) & ~(page - 1);
+  if (end < a) return EINVAL;  // the range wraps
+  constexpr unsigned kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+  int advice = (access & kWritable) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
+  while (madvise(reinterpret_cast<void*>(start), end - start, advice) != 0) {
+    if (errno == EINTR || errno == EAGAIN) continue;
+    // ENOMEM: not mapped; EFAULT: an access that would fault (PROT_NONE);
+    // EINVAL: a mapping the rights do not allow (read-only memory for a
+    // writable MR) or that cannot be faulted in (VM_PFNMAP, VM_IO), which
+    // the kernel's pinning refuses too; but also a kernel before 5.14,
+    // which has no populate: then registration goes without.
+    if (errno == EINVAL && !PopulateWorks()) return 0;
+    if (errno == EINVAL || errno == EHWPOISON || errno == EFAULT || errno == ENOMEM)
+      return EFAULT;
+    return errno;
+  }
+  return 0;
+}
+
+}  // namespace softverbs
 
 extern "C" {
 
@@ -180,6 +271,7 @@ ibv_context* ibv_open_device(ibv_device* device) {
   c->vctx.sz = sizeof(verbs_context);
   c->vctx.query_port = QueryPortOp;
   c->vctx.query_device_ex = QueryDeviceExOp;
+  c->vctx.advise_mr = AdviseMrOp;
   c->vctx.create_qp_ex = CreateQpExOp;
   c->vctx.create_cq_ex = CreateCqExOp;
   ibv_context& ctx = c->vctx.context;
@@ -319,67 +411,48 @@ bool MayPinLocked(uint64_t more) {
   return Rt().pinned_bytes + more <= r.rlim_cur;
 }
 
-#ifndef MADV_POPULATE_READ  // Linux 5.14; older headers lack them
-#define MADV_POPULATE_READ 22
-#define MADV_POPULATE_WRITE 23
-#endif
-
-// Whether this kernel has MADV_POPULATE_* (5.14 and later), tried once on
-// a page of our own.
-static bool PopulateWorks() {
-  static const bool works = [] {
-    static char probe[1];
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    void* at = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(probe) & ~(page - 1));
-    return madvise(at, page, MADV_POPULATE_READ) == 0;
-  }();
-  return works;
-}
-
-// As the kernel's ib_umem_get pins them: every page of the range is faulted
-// in now (for writing when the MR may be written, which also breaks
-// copy-on-write sharing), so registering costs here what the page faults
-// cost, and a range that is not mapped, or not writable when it must be,
-// fails with EFAULT as it does on hardware. Runs without Runtime::mu: a
-// large range takes milliseconds. 0 or an errno.
-static int FaultInPages(void* addr, size_t length, unsigned access) {
-  if (length == 0) return 0;
-  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  uintptr_t start = a & ~(page - 1);
-  uintptr_t end = (a + length + page - 1) & ~(page - 1);
-  if (end < a) return EINVAL;  // the range wraps
-  constexpr unsigned kWritable = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                 IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
-  int advice = (access & kWritable) ? MADV_POPULATE_WRITE : MADV_POPULATE_READ;
-  while (madvise(reinterpret_cast<void*>(start), end - start, advice) != 0) {
-    if (errno == EINTR || errno == EAGAIN) continue;
-    // ENOMEM: not mapped; EFAULT: an access that would fault (PROT_NONE);
-    // EINVAL: a mapping the rights do not allow (read-only memory for a
-    // writable MR) or that cannot be faulted in (VM_PFNMAP, VM_IO), which
-    // the kernel's pinning refuses too; but also a kernel before 5.14,
-    // which has no populate: then registration goes without.
-    if (errno == EINVAL && !PopulateWorks()) return 0;
-    if (errno == EINVAL || errno == EHWPOISON || errno == EFAULT || errno == ENOMEM)
-      return EFAULT;
-    return errno;
-  }
-  return 0;
-}
-
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                          unsigned int access) {
   // MW_BIND is accepted as the kernel does; a device without memory
   // windows (this one) fails later, at ibv_alloc_mw, with EOPNOTSUPP.
   constexpr unsigned kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
-                              IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING;
+                              IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING |
+                              IBV_ACCESS_ON_DEMAND;
+  constexpr unsigned kRemote =
+      IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  const bool odp = (access & IBV_ACCESS_ON_DEMAND) != 0;
+  // Implicit on-demand paging: the whole address space, at address 0.
+  const bool implicit = odp && addr == nullptr && length == SIZE_MAX;
   if ((access & ~kKnown) != 0 ||
       ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
        !(access & IBV_ACCESS_LOCAL_WRITE)) ||
-      (addr == nullptr && length != 0) || iova != reinterpret_cast<uint64_t>(addr)) {
+      (addr == nullptr && length != 0 && !implicit) || iova != reinterpret_cast<uint64_t>(addr)) {
     errno = EINVAL;
     return nullptr;
+  }
+  // On-demand paging (SOFTVERBS_ODP, on by default). An implicit MR takes
+  // no remote rights (its rkey would open the whole address space).
+  if (odp && (!GetConfig().odp || (implicit && (access & kRemote) != 0))) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  if (odp) {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    auto* mr = new Mr();
+    mr->access = static_cast<int>(access);
+    mr->odp = true;
+    mr->implicit = implicit;
+    uint32_t key = Rt().AllocKey();
+    mr->mr.context = pd->context;
+    mr->mr.pd = pd;
+    mr->mr.addr = addr;
+    mr->mr.length = length;
+    mr->mr.handle = key;
+    mr->mr.lkey = key;
+    mr->mr.rkey = key;
+    Rt().mrs[key] = mr;
+    return &mr->mr;
   }
   if (int err = FaultInPages(addr, length, access)) {
     errno = err;
@@ -432,6 +505,13 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
       (access != 0 && !(flags & IBV_REREG_MR_CHANGE_ACCESS))) {
     errno = EINVAL;
     return IBV_REREG_MR_ERR_INPUT;
+  }
+  {
+    std::lock_guard<std::mutex> g(Rt().mu);
+    if (ToMr(ibmr)->odp) {  // not emulated for on-demand paging MRs
+      errno = EOPNOTSUPP;
+      return IBV_REREG_MR_ERR_INPUT;
+    }
   }
   if (flags & IBV_REREG_MR_CHANGE_TRANSLATION) {
     // The new range is pinned before the old one is let go, as the kernel

@@ -344,6 +344,23 @@ TEST(MemoryRegion, RegistrationCountsAgainstTheLockedMemoryLimit) {
 
 // Without CAP_IPC_LOCK (dropped here, as an unprivileged process has it)
 // and with 64 KiB of locked memory. Exit status: 0, or the failed step.
+// Under SOFTVERBS_ODP=0 (a device without on-demand paging): no ODP caps,
+// and an ODP MR is refused with EOPNOTSUPP. 0 when so.
+int ScenarioOdpOff() {
+  ibv_context* ctx = svtest::OpenDevice();
+  if (ctx == nullptr) return 2;
+  ibv_device_attr_ex attr{};
+  if (ibv_query_device_ex(ctx, nullptr, &attr) != 0) return 3;
+  if (attr.odp_caps.general_caps != 0) return 4;
+  ibv_pd* pd = ibv_alloc_pd(ctx);
+  errno = 0;
+  if (ibv_reg_mr(pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND) != nullptr || errno != EOPNOTSUPP)
+    return 5;
+  ibv_dealloc_pd(pd);
+  ibv_close_device(ctx);
+  return 0;
+}
+
 int ScenarioMemlock() {
   __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct d[2]{};

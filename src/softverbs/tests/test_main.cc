@@ -15,6 +15,7 @@ int ScenarioStats();
 int ScenarioExchange();
 int ScenarioListDevices();
 int ScenarioMemlock();
+int ScenarioOdpOff();
 int ScenarioDeviceCpu();
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -37,6 +38,7 @@ int main(int argc, char** argv) {
     if (s == "exchange") return ScenarioExchange();
     if (s == "list-devices") return ScenarioListDevices();
     if (s == "memlock") return ScenarioMemlock();
+    if (s == "odp-off") return ScenarioOdpOff();
     if (s == "device-cpu") return ScenarioDeviceCpu();
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 100;

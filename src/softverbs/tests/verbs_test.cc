@@ -783,6 +783,68 @@ TEST(Conformance, RegistrationFaultsPagesInAndRefusesWhatIsNotMapped) {
   ibv_close_device(ctx);
 }
 
+// On-demand paging, as mlx5 has it: the device says so, an implicit MR
+// covers the whole address space for local access (no remote rights),
+// registering pins and faults in nothing, and each work request faults in
+// the pages it uses; one from memory that is not mapped fails with a
+// local protection error instead of reaching the wire.
+TEST_F(VerbsTest, OnDemandPagingMrsPinNothingAndFaultPagesInPerWorkRequest) {
+  ibv_device_attr_ex attr{};
+  ASSERT_EQ(ibv_query_device_ex(ctx_, nullptr, &attr), 0);
+  EXPECT_TRUE(attr.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT);
+  EXPECT_TRUE(attr.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE);
+  errno = 0;
+  EXPECT_EQ(ibv_reg_mr(a_.pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE |
+                                                     IBV_ACCESS_REMOTE_WRITE),
+            nullptr)
+      << "an implicit MR with remote rights";
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  ibv_mr* odp = ibv_reg_mr(a_.pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(odp, nullptr) << strerror(errno);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t n = 16;
+  char* mem = static_cast<char*>(
+      mmap(nullptr, n * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  unsigned char in_core = 1;
+  ASSERT_EQ(mincore(mem, page, &in_core), 0);
+  EXPECT_EQ(in_core & 1, 0) << "registering faulted nothing in";
+  Fill(mem, 8 * page, 7);
+  Buffer& dst = Buf(b_.pd, 8 * page);
+  // An RDMA WRITE straight from the application's memory, two pieces.
+  ibv_sge sge[2] = {{reinterpret_cast<uint64_t>(mem), static_cast<uint32_t>(3 * page), odp->lkey},
+                    {reinterpret_cast<uint64_t>(mem + 3 * page), static_cast<uint32_t>(5 * page),
+                     odp->lkey}};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 1;
+  wr.sg_list = sge;
+  wr.num_sge = 2;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = dst.addr();
+  wr.wr.rdma.rkey = dst.mr->rkey;
+  ASSERT_EQ(ibv_post_send(a_.qp, &wr, &bad), 0);
+  auto wc = PollN(a_.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[0].status);
+  EXPECT_TRUE(Check(dst.data.data(), 8 * page, 7)) << "the bytes arrived as they were";
+  // From memory that is gone: the work request fails, nothing is sent.
+  ASSERT_EQ(munmap(mem + 8 * page, 8 * page), 0);
+  ibv_sge gone{reinterpret_cast<uint64_t>(mem + 8 * page), static_cast<uint32_t>(page), odp->lkey};
+  wr.wr_id = 2;
+  wr.sg_list = &gone;
+  wr.num_sge = 1;
+  ASSERT_EQ(ibv_post_send(a_.qp, &wr, &bad), 0);
+  wc = PollN(a_.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_LOC_PROT_ERR) << ibv_wc_status_str(wc[0].status);
+  munmap(mem, 8 * page);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+  // Turned off (SOFTVERBS_ODP=0, as a device without it): no caps, no MR.
+  std::string out;
+  EXPECT_EQ(RunSelf({"SOFTVERBS_ODP=0"}, {"--scenario", "odp-off"}, &out), 0) << out;
+}
+
 TEST_F(VerbsTest, RereggedRegionIsUsedByItsNewAddressAndRights) {
   // rdma-core's convention: 0, or a negative ibv_rereg_mr_err_code with
   // errno set.
