@@ -91,6 +91,12 @@ struct Options {
   // process runs (0, the default: at exit only), to TF_RDMA_STATS, or to
   // stderr when that is unset. A file is replaced whole each time.
   int stats_interval_s = 0;
+  // TF_RDMA_ZERO_COPY: large messages go to the peer straight from the
+  // application's (gRPC's) buffers, without a copy into registered memory,
+  // where the device can read any of the process's memory (on-demand
+  // paging, implicit: ConnectX HCAs, softverbs); elsewhere, and for chunks
+  // under 1 MiB, they are copied as before.
+  bool zero_copy = true;
   // TF_RDMA_MALLOC_TUNE: raise glibc malloc's mmap and trim thresholds at
   // install, as MPI libraries over RDMA do, so the large buffers gRPC
   // allocates for each message are reused instead of being mapped, faulted

@@ -157,6 +157,18 @@ TEST(Options, StatsEveryInterval) {
   EXPECT_FALSE(ValidateOptions(bad).ok());
 }
 
+TEST(Options, ZeroCopy) {
+  auto o = ParseOptions(Env({}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_TRUE(o->zero_copy);
+  o = ParseOptions(Env({{"TF_RDMA_ZERO_COPY", "false"}}));
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_FALSE(o->zero_copy);
+  EXPECT_NE(DescribeOptions(*o).find("zero_copy=false"), std::string::npos);
+  std::string e = Error({{"TF_RDMA_ZERO_COPY", "sometimes"}});
+  EXPECT_NE(e.find("TF_RDMA_ZERO_COPY='sometimes'"), std::string::npos) << e;
+}
+
 TEST(Options, HalfOpenCap) {
   auto o = ParseOptions(Env({}));
   ASSERT_TRUE(o.ok()) << o.status();

@@ -44,6 +44,15 @@ ConnImpl::~ConnImpl() {
     if (b) local_pool_->Put(b);
   for (auto& [wr, b] : inflight_) local_pool_->Put(b);
   for (auto& [g, l] : landings_) remote_pool_->Put(l.buf);
+  // Zero-copy writes whose chunks never completed: with the QP gone the
+  // device reads their buffers no more, and their writers may have them.
+  std::vector<WriteDone> unfinished;
+  for (auto& [wr, z] : zc_inflight_) {
+    if (z->finished && z->done) unfinished.push_back(std::move(z->done));
+    z->done = nullptr;
+  }
+  zc_inflight_.clear();
+  for (WriteDone& cb : unfinished) cb(Closed("connection destroyed"));
 }
 
 wire::Hello ConnImpl::MyHello() const {
@@ -68,6 +77,10 @@ absl::Status ConnImpl::SetupLocked() {
   pd_ = std::shared_ptr<ibv_pd>(pd.release(), internal::ReleasePd);
   ASSIGN_OR_RETURN(channel_, CreateCompChannel(ctx));
   int cqe = 2 * o.eager_depth + 2 * o.chunks_in_flight + 64;
+  // Zero-copy sends (TF_RDMA_ZERO_COPY) where the device reads any of our
+  // memory: an implicit on-demand paging MR, and a few SGEs per WRITE to
+  // gather a chunk from the writer's slices.
+  const bool zero_copy = o.zero_copy && ImplicitOdpWrites(ctx);
   ASSIGN_OR_RETURN(cq_, CreateCq(ctx, cqe, this, channel_.get()));
   local_pool_ = std::make_unique<BufferPool>(
       &engine_->budget, MakeVerbsRegistrar(pd_, IBV_ACCESS_LOCAL_WRITE),
@@ -81,13 +94,25 @@ absl::Status ConnImpl::SetupLocked() {
   a.cap.max_send_wr = o.eager_depth + o.chunks_in_flight + 16;
   a.cap.max_recv_wr = o.eager_depth;
   a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+  if (zero_copy) a.cap.max_send_sge = kZeroCopySge;
   a.cap.max_inline_data = kWantInline;
   absl::StatusOr<Qp> qp = CreateQp(id_.get(), pd_.get(), a);
   if (!qp.ok()) {
     a.cap.max_inline_data = kInline;
     qp = CreateQp(id_.get(), pd_.get(), a);
   }
+  if (!qp.ok() && zero_copy) {  // fewer SGEs than asked: no zero-copy then
+    a.cap.max_send_sge = 1;
+    qp = CreateQp(id_.get(), pd_.get(), a);
+  }
   if (!qp.ok()) return qp.status();
+  if (zero_copy && a.cap.max_send_sge > 1) {
+    absl::StatusOr<Mr> mr = RegImplicitOdp(pd_.get());
+    if (mr.ok()) {
+      odp_mr_ = std::move(*mr);
+      max_send_sge_ = static_cast<int>(std::min<uint32_t>(a.cap.max_send_sge, kZeroCopySge));
+    }
+  }
   qp_ = std::move(*qp);
   max_inline_ = a.cap.max_inline_data;
   flow_.SetSendSlots(static_cast<int>(a.cap.max_send_wr));
@@ -151,7 +176,9 @@ void ConnImpl::UpLocked() {
 // nothing; over softverbs the acknowledgement then rings no doorbell: one
 // thread wake-up less per message).
 bool ConnImpl::SendsAwaitedLocked() const {
-  return !writes_.empty() || disconnect_when_drained_ || waiting_budget_ || state_ != State::kUp;
+  // A zero-copy write's writer waits for its chunks' completions.
+  return !writes_.empty() || disconnect_when_drained_ || waiting_budget_ ||
+         state_ != State::kUp || !zc_inflight_.empty();
 }
 
 void ConnImpl::ArmCqLocked() {
@@ -200,7 +227,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
       const bool send = !(wc[i].wr_id & kRecvBit);
       if (send) flow_.SendCompleted();  // every send is signalled
       if (wc[i].status != IBV_WC_SUCCESS) {
-        if (send) ReleaseInflightLocked(wc[i].wr_id);
+        if (send) ReleaseInflightLocked(wc[i].wr_id, false, d);
         // Any error while open, a flush included, means the QP is dead
         // (the peer died, or broke a rule and the HCA stopped the QP).
         if (state_ != State::kClosed) {
@@ -223,7 +250,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
         continue;
       }
       if (state_ == State::kClosed) {
-        if (send) ReleaseInflightLocked(wc[i].wr_id);
+        if (send) ReleaseInflightLocked(wc[i].wr_id, true, d);
         continue;
       }
       if (wc[i].opcode == IBV_WC_RECV) {
@@ -231,7 +258,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
       } else if (wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
         OnChunkLocked(wc[i], d);
       } else {
-        ReleaseInflightLocked(wc[i].wr_id);
+        ReleaseInflightLocked(wc[i].wr_id, true, d);
       }
     }
   }
@@ -247,6 +274,7 @@ void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
   Deferred d;
   {
     std::lock_guard<std::mutex> g(mu_);
+    ++writes_called_;
     if (state_ == State::kClosed) {
       absl::Status s = close_status_;
       d.push_back([done, s] { done(s); });
@@ -275,6 +303,8 @@ void ConnImpl::Read(ReadDone done) {
   Deferred d;
   {
     std::lock_guard<std::mutex> g(mu_);
+    ++reads_called_;
+    last_read_us_ = NowMicros();
     pending_read_ = std::move(done);
     DeliverLocked(&d);
   }
@@ -286,6 +316,7 @@ void ConnImpl::Shutdown(absl::Status why) {
   Deferred d;
   {
     std::lock_guard<std::mutex> g(mu_);
+    ++shutdowns_called_;
     CloseLocked(why.ok() ? Closed("connection shut down") : why, &d, true);
     RearmIfSendsAwaitedLocked(&d);  // a disconnect may wait for our sends
     // Later reads fail: what arrived and was not read goes (its buffers
@@ -389,17 +420,37 @@ std::string ConnImpl::Describe() const {
     absl::StrAppend(&s, " (first: ", w.copied, " of ", w.total, " bytes",
                     w.rts_sent ? ", announced" : "", ")");
   }
-  absl::StrAppend(&s, ", ", inflight_.size() + static_cast<size_t>(inline_inflight_),
+  absl::StrAppend(&s, ", ",
+                  inflight_.size() + static_cast<size_t>(inline_inflight_) + zc_inflight_.size(),
                   " sends in flight", disconnect_when_drained_ ? " (disconnect after them)" : "",
                   ", ", out_grants_.size(), " grants to write, ", landings_.size(),
                   " grants out", in_active_ ? absl::StrCat(" (receiving ", in_received_, " of ",
                                                           in_total_, " bytes)")
                                             : std::string(),
-                  ", ", stats_.bytes_sent, " bytes sent, ", stats_.bytes_received, " received");
+                  ", ", stats_.bytes_sent, " bytes sent, ", stats_.bytes_received, " received; ",
+                  "its owner called Read ", reads_called_, " times (last ",
+                  last_read_us_ != 0 ? absl::StrCat((NowMicros() - last_read_us_) / 1000, " ms ago")
+                                     : std::string("never"),
+                  "), Write ", writes_called_, " times, Shutdown ", shutdowns_called_, " times");
   return s;
 }
 
 // ----------------------------------------------------------------- close ---
+
+void ConnImpl::SettleZeroCopyLocked(Deferred* d) {
+  if (zc_inflight_.empty()) return;
+  HandleCqLocked(d);
+  if (zc_inflight_.empty()) return;
+  qp_.reset();
+  if (id_) id_->qp = nullptr;  // gone: RDMA CM must not touch it
+  for (auto& [wr, z] : zc_inflight_) {
+    if (!z->finished || !z->done) continue;
+    WriteDone cb = std::move(z->done);
+    absl::Status s = z->status.ok() ? close_status_ : z->status;
+    d->push_back([cb, s] { cb(s); });
+  }
+  zc_inflight_.clear();
+}
 
 void ConnImpl::DisconnectNowLocked() {
   if (!disconnect_when_drained_) return;
@@ -431,6 +482,14 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
   grant_deadline_us.store(0);
   close_status_ = why.ok() ? Closed("connection closed") : why;
   for (WriteOp& op : writes_) {
+    if (op.zc != nullptr && op.zc->pending > 0) {
+      // Chunks of it are still read by the device from its buffers: done
+      // when they complete (or flush), with this status.
+      op.zc->done = std::move(op.done);
+      op.zc->finished = true;
+      op.zc->status = close_status_;
+      continue;
+    }
     WriteDone cb = std::move(op.done);
     absl::Status s = close_status_;
     d->push_back([cb, s] { cb(s); });

@@ -142,17 +142,33 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // sends, now.
   void DisconnectNowLocked();
   const std::string& PeerLocked() const { return peer_; }
+  // With its lock held, closed and leaving the registry (no one polls it
+  // after): zero-copy writes whose chunks have not completed get their
+  // flushed completions now if the device has given them, else the QP is
+  // destroyed (the device reads their buffers no more) and they end with
+  // the close's status.
+  void SettleZeroCopyLocked(Deferred* d);
 
  private:
   enum class State { kSetup, kUp, kClosed };
   // Receive work requests carry this bit and the receive buffer's index.
   static constexpr uint64_t kRecvBit = 1ull << 63;
+  // A write some of whose chunks went from its own buffers (zero-copy):
+  // its `done` waits for those chunks' completions, since the device
+  // reads the buffers until then.
+  struct ZcWrite {
+    WriteDone done;
+    int pending = 0;        // zero-copy chunks posted and not completed
+    bool finished = false;  // every chunk posted (or the connection closed): done set
+    absl::Status status;    // what done reports (a failed chunk, a close)
+  };
   struct WriteOp {
     std::vector<iovec> iov;
     size_t total = 0;
     size_t copied = 0;   // bytes taken out of iov so far
     bool rts_sent = false;
     WriteDone done;
+    std::shared_ptr<ZcWrite> zc;  // set once a chunk goes zero-copy
   };
   struct OutGrant {  // a peer's grant (CTS, or a standing one) for our writes
     uint64_t offset, addr;
@@ -175,10 +191,25 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   size_t NextEagerBytesLocked() const;
   static constexpr size_t kMaxInlineBytes = 256;  // the most an eager SEND carries inline
   bool WriteChunkLocked(Deferred* d);
+  // Zero-copy (odp_mr_): the SGEs for bytes [offset, offset + len) of `op`,
+  // at most `max` of them; 0 when more would be needed.
+  int GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge, int max) const;
+  bool WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n, Deferred* d);
+  // The head write is wholly posted: its `done` now, or once its
+  // zero-copy chunks complete.
+  void FinishHeadWriteLocked(Deferred* d);
+  // A zero-copy chunk completed (ok: delivered).
+  void ZeroCopyDoneLocked(uint64_t wr_id, bool ok, Deferred* d);
+  // Smaller chunks are copied: a zero-copy write's writer waits for the
+  // chunk's completion, where a copied one's goes on at once; measured on
+  // softverbs, streams of 64 KiB to 1 MiB messages were slower zero-copy,
+  // 4 MiB ones faster (docs/performance.md).
+  static constexpr size_t kZeroCopyMin = 1 << 20;
+  static constexpr int kZeroCopySge = 8;
   void CopyOut(WriteOp& op, size_t offset, char* to, size_t len);
   // A buffer, or nullptr: closed on error, or waiting for pinned memory.
   PinnedBuffer* GetOrWaitLocked(BufferPool& pool, size_t size, Deferred* d);
-  void ReleaseInflightLocked(uint64_t wr_id);
+  void ReleaseInflightLocked(uint64_t wr_id, bool ok, Deferred* d);
   // receiver.cc
   void OnRecvLocked(const ibv_wc& wc, Deferred* d);
   void OnChunkLocked(const ibv_wc& wc, Deferred* d);
@@ -208,6 +239,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // Shared with the pools' registrars: lent chunks may outlive us, and
   // their memory regions must go before the PD.
   std::shared_ptr<ibv_pd> pd_;
+  // Implicit on-demand paging MR (TF_RDMA_ZERO_COPY, where the device has
+  // it): large chunks go from the writer's own buffers. Empty otherwise.
+  Mr odp_mr_;
+  int max_send_sge_ = 1;
   CompChannel channel_;
   std::atomic<int> channel_fd_{-1};
   Cq cq_;
@@ -247,8 +282,13 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   int inline_inflight_ = 0;
   static constexpr uint64_t kInlineWr = 1ull << 62;
   static_assert((kInlineWr & kRecvBit) == 0, "a send's tag must not read as a receive");
+  // Zero-copy chunks posted and not completed (their wr_ids carry kZeroCopyWr).
+  static constexpr uint64_t kZeroCopyWr = 1ull << 61;
+  std::unordered_map<uint64_t, std::shared_ptr<ZcWrite>> zc_inflight_;
   // Data reported written that may not have landed yet: a close waits for it.
-  bool SendsInFlightLocked() const { return !inflight_.empty() || inline_inflight_ > 0; }
+  bool SendsInFlightLocked() const {
+    return !inflight_.empty() || inline_inflight_ > 0 || !zc_inflight_.empty();
+  }
   uint64_t next_wr_ = 1;
   std::deque<WriteOp> writes_;
   std::deque<OutGrant> out_grants_;   // the peer's CTS for writes_.front()
@@ -267,6 +307,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   ReadDone pending_read_;
   bool peer_closed_ = false;
   bool closed_by_flush_ = false;  // a flushed completion closed it
+  // For Describe: what its owner did with it (calls of Read, Write and
+  // Shutdown, and when it last read).
+  uint64_t reads_called_ = 0, writes_called_ = 0, shutdowns_called_ = 0;
+  uint64_t last_read_us_ = 0;
   ConnectionStats stats_;
 };
 

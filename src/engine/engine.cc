@@ -308,6 +308,7 @@ void EngineImpl::FailConnectLocked(ConnImpl* c, absl::Status s, Deferred* d) {
   if (!s.ok() && s.code() != absl::StatusCode::kUnavailable)
     s = absl::UnavailableError(s.message());
   c->CloseLocked(s, d, false);
+  c->SettleZeroCopyLocked(d);
   c->connect_deadline_us = 0;
   auto it = conns_.find(c->cm_id());
   if (it != conns_.end()) {

@@ -631,6 +631,19 @@ int RunChildBounded(const char* mode, const std::vector<std::string>& env) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+// A zero-copy write's buffer is the device's until the write is done: the
+// writer overwrites it in its callback, and the reader still gets every
+// original byte (ChildZeroCopyOverwrite). Made to call done at the post, it
+// fails (step 9: changed bytes).
+TEST(EnginePeers, AZeroCopyWriteReadsItsBufferUntilDoneOnly) {
+  StderrCapture log;
+  EXPECT_EQ(RunChildBounded("zero-copy-overwrite",
+                            {"SOFTVERBS_RING_KB=64", "SOFTVERBS_DELAY_US=2000"}),
+            0)
+      << "the step that failed (ChildZeroCopyOverwrite; 9: bytes changed, 10: not zero-copy)\n"
+      << log.Text();
+}
+
 // A removed device is a fault on every connection it carried, counted once
 // each, in whichever order its two signs (flushed work, the CM event)
 // arrive: three processes, as the order varies from run to run.
@@ -1340,6 +1353,57 @@ int ChildCutWire() {
 // both connections end with an error and each engine counts one fault,
 // whichever came first, the QP's flushed work or the CM's
 // RDMA_CM_EVENT_DEVICE_REMOVAL. Exit status: 0, or the step.
+// Zero-copy sends read the writer's buffer until the write is done, and
+// not after: both ends here, softverbs' rings 64 KiB (so a chunk is read
+// from the buffer in steps, as the receiver frees ring space) and inbound
+// frames held 2 ms (SOFTVERBS_RING_KB, SOFTVERBS_DELAY_US); each 4 MiB
+// write's buffer is overwritten inside its done callback. Every byte the
+// reader gets must be the original; the sender's copy counter proves the
+// chunks went zero-copy. 0 when so; 2-8: the step that failed.
+int ChildZeroCopyOverwrite() {
+  Options o;  // a 4 MiB write goes in four 1 MiB chunks: zero-copy (kZeroCopyMin)
+  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
+  std::shared_ptr<Drain> d;
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  auto port = (*se)->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
+    acc->set_value(std::move(c));
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto af = acc->get_future();
+  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 5;
+  auto s = af.get();
+  const int kWrites = 4;
+  const size_t kSize = 4 << 20;
+  std::string expect;
+  d = std::make_shared<Drain>(s, kSize * kWrites);
+  for (int i = 0; i < kWrites; ++i) {
+    auto buf = std::make_shared<std::string>(Pattern(kSize, 100 + i));
+    expect += *buf;
+    auto wd = std::make_shared<std::promise<absl::Status>>();
+    iovec v{buf->data(), buf->size()};
+    (*c)->Write({v}, [wd, buf](absl::Status st) {
+      memset(buf->data(), 'X', buf->size());  // the writer takes its buffer back
+      wd->set_value(st);
+    });
+    auto f = wd->get_future();
+    if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 6;
+    if (!f.get().ok()) return 7;
+  }
+  if (d->done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return 8;
+  uint64_t copied = (*c)->stats().bytes_copied_on_send;
+  fprintf(stderr, "zero-copy child: %zu bytes read, %s; %llu bytes copied on send\n",
+          d->data.size(), d->data == expect ? "all original" : "CHANGED",
+          static_cast<unsigned long long>(copied));
+  if (d->data != expect) return 9;
+  if (copied > kSize / 4) return 10;  // the chunks were staged, not zero-copy
+  return 0;
+}
+
 int ChildDeviceRemoved() {
   Options o;
   o.chunk_size = 64 << 10;
@@ -1797,6 +1861,7 @@ int main(int argc, char** argv) {
     if (m == "transfer") return grpc_rdma::ChildTransfer();
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     if (m == "device-removed") return grpc_rdma::ChildDeviceRemoved();
+    if (m == "zero-copy-overwrite") return grpc_rdma::ChildZeroCopyOverwrite();
     if (m == "addr-change") return grpc_rdma::ChildAddrChange();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);

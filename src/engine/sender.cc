@@ -78,9 +78,13 @@ PinnedBuffer* ConnImpl::GetOrWaitLocked(BufferPool& pool, size_t size, Deferred*
   return *b;
 }
 
-void ConnImpl::ReleaseInflightLocked(uint64_t wr_id) {
+void ConnImpl::ReleaseInflightLocked(uint64_t wr_id, bool ok, Deferred* d) {
   if (wr_id & kInlineWr) {
     --inline_inflight_;
+    return;
+  }
+  if (wr_id & kZeroCopyWr) {
+    ZeroCopyDoneLocked(wr_id, ok, d);
     return;
   }
   auto it = inflight_.find(wr_id);
@@ -191,9 +195,99 @@ bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGr
   return true;
 }
 
-// Writes one granted chunk of the rendezvous at the head of the queue.
+void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
+  WriteOp& op = writes_.front();
+  if (op.zc != nullptr) {
+    op.zc->done = std::move(op.done);
+    op.zc->finished = true;
+    if (op.zc->pending == 0) {  // its zero-copy chunks completed already
+      WriteDone cb = std::move(op.zc->done);
+      absl::Status s = op.zc->status;
+      d->push_back([cb, s] { cb(s); });
+    }
+  } else {
+    WriteDone cb = std::move(op.done);
+    d->push_back([cb] { cb(absl::OkStatus()); });
+  }
+  writes_.pop_front();
+}
+
+void ConnImpl::ZeroCopyDoneLocked(uint64_t wr_id, bool ok, Deferred* d) {
+  auto it = zc_inflight_.find(wr_id);
+  if (it == zc_inflight_.end()) return;
+  std::shared_ptr<ZcWrite> z = std::move(it->second);
+  zc_inflight_.erase(it);
+  if (!ok && z->status.ok())
+    z->status = state_ == State::kClosed ? close_status_ : absl::UnavailableError("RDMA write failed");
+  if (--z->pending > 0 || !z->finished || !z->done) return;
+  WriteDone cb = std::move(z->done);
+  absl::Status s = z->status;
+  d->push_back([cb, s] { cb(s); });
+}
+
+int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge,
+                           int max) const {
+  int n = 0;
+  for (const iovec& v : op.iov) {
+    if (len == 0) break;
+    if (offset >= v.iov_len) {
+      offset -= v.iov_len;
+      continue;
+    }
+    if (n == max) return 0;
+    size_t take = std::min(len, v.iov_len - offset);
+    sge[n].addr = reinterpret_cast<uint64_t>(v.iov_base) + offset;
+    sge[n].length = static_cast<uint32_t>(take);
+    sge[n].lkey = odp_mr_->lkey;
+    ++n;
+    len -= take;
+    offset = 0;
+  }
+  return len == 0 ? n : 0;
+}
+
+// A granted chunk as one RDMA WRITE WITH IMMEDIATE gathered from the
+// writer's own buffers (no copy): the write's `done` then waits for the
+// chunk's completion (FinishHeadWriteLocked, ZeroCopyDoneLocked).
+bool ConnImpl::WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n,
+                                        Deferred* d) {
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = next_wr_++ | kZeroCopyWr;
+  wr.sg_list = sge;
+  wr.num_sge = n;
+  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
+  wr.imm_data = htonl(g.grant);
+  wr.wr.rdma.remote_addr = g.addr;
+  wr.wr.rdma.rkey = g.rkey;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+    FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM, zero-copy) failed"), d);
+    return false;
+  }
+  out_grants_.pop_front();
+  if (op.zc == nullptr) op.zc = std::make_shared<ZcWrite>();
+  ++op.zc->pending;
+  zc_inflight_[wr.wr_id] = op.zc;
+  flow_.Sent();
+  op.copied += g.len;
+  stats_.bytes_sent += g.len;
+  if (op.copied == op.total) {
+    FinishHeadWriteLocked(d);
+    out_next_offset_ = 0;
+  }
+  return true;
+}
+
+// Writes one granted chunk of the rendezvous at the head of the queue:
+// zero-copy where it can (a large chunk in a few of the writer's
+// buffers), else copied into a registered staging buffer.
 bool ConnImpl::WriteChunkLocked(Deferred* d) {
   OutGrant g = out_grants_.front();
+  if (odp_mr_ && g.len >= kZeroCopyMin) {
+    ibv_sge sge[kZeroCopySge];
+    int n = GatherLocked(writes_.front(), g.offset, g.len, sge, max_send_sge_);
+    if (n > 0) return WriteChunkZeroCopyLocked(writes_.front(), g, sge, n, d);
+  }
   PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
   if (b == nullptr) return false;
   out_grants_.pop_front();
@@ -203,9 +297,7 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   op.copied += g.len;
   stats_.bytes_sent += g.len;
   if (op.copied == op.total) {
-    WriteDone cb = std::move(op.done);
-    d->push_back([cb] { cb(absl::OkStatus()); });
-    writes_.pop_front();
+    FinishHeadWriteLocked(d);
     out_next_offset_ = 0;
   }
   return true;

@@ -77,6 +77,22 @@ absl::StatusOr<Mr> RegMr(ibv_pd* pd, void* addr, size_t length, int access) {
   return Mr(mr);
 }
 
+bool ImplicitOdpWrites(ibv_context* ctx) {
+  ibv_device_attr_ex attr{};
+  if (ibv_query_device_ex(ctx, nullptr, &attr) != 0) return false;
+  const uint64_t general = attr.odp_caps.general_caps;
+  return (general & IBV_ODP_SUPPORT) && (general & IBV_ODP_SUPPORT_IMPLICIT) &&
+         (attr.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE);
+}
+
+absl::StatusOr<Mr> RegImplicitOdp(ibv_pd* pd) {
+  ibv_mr* mr = ibv_reg_mr(pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND);
+  if (absl::Status s = CheckErrno(mr == nullptr, "ibv_reg_mr(implicit on-demand paging)");
+      !s.ok())
+    return s;
+  return Mr(mr);
+}
+
 absl::StatusOr<CompChannel> CreateCompChannel(ibv_context* ctx) {
   ibv_comp_channel* ch = ibv_create_comp_channel(ctx);
   if (absl::Status s = CheckErrno(ch == nullptr, "ibv_create_comp_channel", ctx->device->name);

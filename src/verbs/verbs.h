@@ -81,6 +81,12 @@ absl::StatusOr<EventChannel> CreateEventChannel();
 absl::StatusOr<CmId> CreateCmId(rdma_event_channel* channel, void* context);
 absl::StatusOr<Pd> AllocPd(ibv_context* ctx);
 absl::StatusOr<Mr> RegMr(ibv_pd* pd, void* addr, size_t length, int access);
+// Whether the device takes RC RDMA writes from an implicit on-demand paging
+// MR (the whole address space, nothing pinned: ConnectX, softverbs).
+bool ImplicitOdpWrites(ibv_context* ctx);
+// That MR, for local access only (no remote rights: the peer reaches
+// nothing through it).
+absl::StatusOr<Mr> RegImplicitOdp(ibv_pd* pd);
 absl::StatusOr<CompChannel> CreateCompChannel(ibv_context* ctx);
 absl::StatusOr<Cq> CreateCq(ibv_context* ctx, int cqe, void* cq_context,
                             ibv_comp_channel* channel);
