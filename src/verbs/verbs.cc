@@ -31,7 +31,8 @@ void ReleaseCmId(rdma_cm_id* p) {
 void ReleasePd(ibv_pd* p) { LogRelease(CheckRet(ibv_dealloc_pd(p), "ibv_dealloc_pd")); }
 
 void ReleaseMr(ibv_mr* p) {
-  LogRelease(CheckRet(ibv_dereg_mr(p), "ibv_dereg_mr", absl::StrCat("lkey=", p->lkey)));
+  std::string what = absl::StrCat("lkey=", p->lkey);  // before: dereg frees *p
+  LogRelease(CheckRet(ibv_dereg_mr(p), "ibv_dereg_mr", what));
 }
 
 void ReleaseCompChannel(ibv_comp_channel* p) {
