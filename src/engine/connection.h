@@ -109,7 +109,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   Engine::ConnectDone connect_done;
   bool accepted = false;  // server: rdma_accept done
 
-  // Fixed from set-up on (read without a lock).
+  // Fixed from set-up on (read without a lock); qp() is null once the
+  // connection settled its zero-copy writes (SettleZeroCopyLocked).
   int channel_fd() const { return channel_fd_.load(std::memory_order_acquire); }
   rdma_cm_id* cm_id() const { return id_.get(); }
   bool passive() const { return passive_; }

@@ -135,6 +135,9 @@ void EngineImpl::Shutdown() {
       UnwatchLocked(c.get());
       std::lock_guard<std::mutex> cl(c->mu());
       c->CloseLocked(absl::UnavailableError("engine shut down"), &d, true);
+      // Nobody polls it after this: zero-copy writes end now (flushed, or
+      // the QP destroyed first), not when the owner lets go of it.
+      c->SettleZeroCopyLocked(&d);
     }
     conns.swap(conns_);
     listeners_.clear();

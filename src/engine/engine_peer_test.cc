@@ -640,7 +640,20 @@ TEST(EnginePeers, AZeroCopyWriteReadsItsBufferUntilDoneOnly) {
   EXPECT_EQ(RunChildBounded("zero-copy-overwrite",
                             {"SOFTVERBS_RING_KB=64", "SOFTVERBS_DELAY_US=2000"}),
             0)
-      << "the step that failed (ChildZeroCopyOverwrite; 9: bytes changed, 10: not zero-copy)\n"
+      << "the step that failed (ChildZeroCopyOverwrite; 9: bytes changed, 10: not zero-copy, "
+         "11: the read failed)\n"
+      << log.Text();
+}
+
+// A zero-copy write in flight ends when its engine is destroyed, though
+// its owner still holds the connection (ChildZeroCopyShutdown). Without the
+// settling at shutdown it waited for the owner (step 7: no end in 10 s).
+TEST(EnginePeers, AZeroCopyWriteEndsWhenItsEngineGoes) {
+  StderrCapture log;
+  EXPECT_EQ(RunChildBounded("zero-copy-shutdown",
+                            {"SOFTVERBS_RING_KB=64", "SOFTVERBS_DELAY_US=20000"}),
+            0)
+      << "the step that failed (ChildZeroCopyShutdown; 7: the write never ended)\n"
       << log.Text();
 }
 
@@ -1348,18 +1361,13 @@ int ChildCutWire() {
   return 0;
 }
 
-// Both ends in this process, a stream flowing from one to the other, and
-// the devices removed (SOFTVERBS_DEVICE_REMOVAL_MS, as an unplugged HCA):
-// both connections end with an error and each engine counts one fault,
-// whichever came first, the QP's flushed work or the CM's
-// RDMA_CM_EVENT_DEVICE_REMOVAL. Exit status: 0, or the step.
 // Zero-copy sends read the writer's buffer until the write is done, and
 // not after: both ends here, softverbs' rings 64 KiB (so a chunk is read
 // from the buffer in steps, as the receiver frees ring space) and inbound
 // frames held 2 ms (SOFTVERBS_RING_KB, SOFTVERBS_DELAY_US); each 4 MiB
 // write's buffer is overwritten inside its done callback. Every byte the
 // reader gets must be the original; the sender's copy counter proves the
-// chunks went zero-copy. 0 when so; 2-8: the step that failed.
+// chunks went zero-copy. 0 when so; else the step that failed.
 int ChildZeroCopyOverwrite() {
   Options o;  // a 4 MiB write goes in four 1 MiB chunks: zero-copy (kZeroCopyMin)
   auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
@@ -1395,6 +1403,7 @@ int ChildZeroCopyOverwrite() {
   }
   if (d->done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready)
     return 8;
+  if (!d->end.ok()) return 11;  // the reader's stream failed
   uint64_t copied = (*c)->stats().bytes_copied_on_send;
   fprintf(stderr, "zero-copy child: %zu bytes read, %s; %llu bytes copied on send\n",
           d->data.size(), d->data == expect ? "all original" : "CHANGED",
@@ -1404,6 +1413,54 @@ int ChildZeroCopyOverwrite() {
   return 0;
 }
 
+// A zero-copy write in flight when its engine is destroyed (its owner still
+// holding the connection): the write ends, with an error, at the engine's
+// shutdown, not whenever the owner lets go (rings 64 KiB and frames held
+// 20 ms keep the chunks in flight). 0 when so; else the step.
+int ChildZeroCopyShutdown() {
+  Options o;
+  // What callbacks touch outlives the engines (declared first).
+  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
+  std::shared_ptr<Drain> d;
+  auto wd = std::make_shared<std::promise<absl::Status>>();
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  auto port = (*se)->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
+    acc->set_value(std::move(c));
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(**ce, *port);
+  if (!c.ok()) return 4;
+  auto af = acc->get_future();
+  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 5;
+  auto s = af.get();
+  d = std::make_shared<Drain>(s, SIZE_MAX);
+  auto buf = std::make_shared<std::string>(Pattern(16 << 20, 5));
+  iovec v{buf->data(), buf->size()};
+  (*c)->Write({v}, [wd, buf](absl::Status st) { wd->set_value(st); });
+  // Until some of it arrived: chunks granted and posted, zero-copy.
+  for (int i = 0; i < 1000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(d->mu);
+      if (!d->data.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ConnectionStats st = (*c)->stats();
+  if (st.bytes_sent == 0) return 6;
+  ce->reset();  // the client's engine goes; `c` is still held
+  auto f = wd->get_future();
+  if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 7;
+  if (f.get().ok()) return 8;  // it cannot all have landed
+  return 0;
+}
+
+// Both ends in this process, a stream flowing from one to the other, and
+// the devices removed (SOFTVERBS_DEVICE_REMOVAL_MS, as an unplugged HCA):
+// both connections end with an error and each engine counts one fault,
+// whichever came first, the QP's flushed work or the CM's
+// RDMA_CM_EVENT_DEVICE_REMOVAL. Exit status: 0, or the step.
 int ChildDeviceRemoved() {
   Options o;
   o.chunk_size = 64 << 10;
@@ -1862,6 +1919,7 @@ int main(int argc, char** argv) {
     if (m == "cut-wire") return grpc_rdma::ChildCutWire();
     if (m == "device-removed") return grpc_rdma::ChildDeviceRemoved();
     if (m == "zero-copy-overwrite") return grpc_rdma::ChildZeroCopyOverwrite();
+    if (m == "zero-copy-shutdown") return grpc_rdma::ChildZeroCopyShutdown();
     if (m == "addr-change") return grpc_rdma::ChildAddrChange();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);

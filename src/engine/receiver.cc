@@ -90,6 +90,7 @@ RecvChunk RecvChunk::Lent(const char* data, size_t size, std::function<void()> r
 // ------------------------------------------------------------- receives ---
 
 bool ConnImpl::PostRecvLocked(size_t index) {
+  if (!qp_) return false;  // settled (SettleZeroCopyLocked): closed
   PinnedBuffer* b = recv_bufs_[index];
   ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size), b->reg.lkey};
   ibv_recv_wr wr{}, *bad = nullptr;

@@ -13,7 +13,7 @@
 namespace grpc_rdma {
 
 bool ConnImpl::SendControlLocked(wire::Header h) {
-  if (!flow_.HasSendSlot()) return false;
+  if (!qp_ || !flow_.HasSendSlot()) return false;  // no QP: settled (SettleZeroCopyLocked)
   h.version = static_cast<uint8_t>(wire::kVersion);
   h.credits = flow_.owed();
   ibv_sge sge{reinterpret_cast<uint64_t>(&h), sizeof(h), 0};
@@ -110,6 +110,7 @@ size_t ConnImpl::NextEagerBytesLocked() const {
 // the stack, inline, when it fits the QP's inline limit; else from a
 // registered staging buffer held until the send completes.
 bool ConnImpl::SendEagerLocked(Deferred* d) {
+  if (!qp_) return false;  // settled (SettleZeroCopyLocked): closed
   alignas(8) char stack[kMaxInlineBytes];
   const bool inline_send = NextEagerBytesLocked() + wire::kHeaderBytes <=
                            std::min<size_t>(max_inline_, sizeof(stack));
@@ -175,6 +176,10 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
 // closed.
 bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g,
                                       Deferred* d) {
+  if (!qp_) {  // settled (SettleZeroCopyLocked): closed, nothing goes out
+    local_pool_->Put(b);
+    return false;
+  }
   ibv_sge sge{reinterpret_cast<uint64_t>(b->data), len, b->reg.lkey};
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++;
@@ -251,6 +256,7 @@ int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge
 // chunk's completion (FinishHeadWriteLocked, ZeroCopyDoneLocked).
 bool ConnImpl::WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n,
                                         Deferred* d) {
+  if (!qp_) return false;  // settled: closed
   ibv_send_wr wr{}, *bad = nullptr;
   wr.wr_id = next_wr_++ | kZeroCopyWr;
   wr.sg_list = sge;

@@ -342,8 +342,6 @@ TEST(MemoryRegion, RegistrationCountsAgainstTheLockedMemoryLimit) {
 
 }  // namespace
 
-// Without CAP_IPC_LOCK (dropped here, as an unprivileged process has it)
-// and with 64 KiB of locked memory. Exit status: 0, or the failed step.
 // Under SOFTVERBS_ODP=0 (a device without on-demand paging): no ODP caps,
 // and an ODP MR is refused with EOPNOTSUPP. 0 when so.
 int ScenarioOdpOff() {
@@ -361,6 +359,8 @@ int ScenarioOdpOff() {
   return 0;
 }
 
+// Without CAP_IPC_LOCK (dropped here, as an unprivileged process has it)
+// and with 64 KiB of locked memory. Exit status: 0, or the failed step.
 int ScenarioMemlock() {
   __user_cap_header_struct h{_LINUX_CAPABILITY_VERSION_3, 0};
   __user_cap_data_struct d[2]{};
