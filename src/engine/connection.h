@@ -188,6 +188,12 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool SendControlLocked(wire::Header h);  // inline SEND
   bool WriteStandingLocked(Deferred* d);
   bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
+  // Posts one RDMA WRITE WITH IMMEDIATE of `sge` into the peer's grant `g`
+  // (counted as a send); false when the post failed (nothing counted).
+  bool PostChunkLocked(const OutGrant& g, ibv_sge* sge, int n, uint64_t wr_id);
+  // A chunk of the head write is posted: counted, and the write finished
+  // (FinishHeadWriteLocked, which pops it) when it was the last.
+  void ChunkWrittenLocked(WriteOp& op, uint32_t len, Deferred* d);
   bool SendEagerLocked(Deferred* d);
   size_t NextEagerBytesLocked() const;
   static constexpr size_t kMaxInlineBytes = 256;  // the most an eager SEND carries inline

@@ -181,23 +181,38 @@ bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGr
     return false;
   }
   ibv_sge sge{reinterpret_cast<uint64_t>(b->data), len, b->reg.lkey};
+  const uint64_t wr_id = next_wr_++;
+  if (!PostChunkLocked(g, &sge, 1, wr_id)) {
+    local_pool_->Put(b);
+    FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d);
+    return false;
+  }
+  inflight_[wr_id] = b;
+  return true;
+}
+
+bool ConnImpl::PostChunkLocked(const OutGrant& g, ibv_sge* sge, int n, uint64_t wr_id) {
   ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = next_wr_++;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
+  wr.wr_id = wr_id;
+  wr.sg_list = sge;
+  wr.num_sge = n;
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
   wr.imm_data = htonl(g.grant);
   wr.wr.rdma.remote_addr = g.addr;
   wr.wr.rdma.rkey = g.rkey;
-  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
-    local_pool_->Put(b);
-    FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d);
-    return false;
-  }
-  inflight_[wr.wr_id] = b;
+  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) return false;
   flow_.Sent();
   return true;
+}
+
+void ConnImpl::ChunkWrittenLocked(WriteOp& op, uint32_t len, Deferred* d) {
+  op.copied += len;
+  stats_.bytes_sent += len;
+  if (op.copied == op.total) {
+    FinishHeadWriteLocked(d);
+    out_next_offset_ = 0;
+  }
 }
 
 void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
@@ -257,30 +272,16 @@ int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge
 bool ConnImpl::WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n,
                                         Deferred* d) {
   if (!qp_) return false;  // settled: closed
-  ibv_send_wr wr{}, *bad = nullptr;
-  wr.wr_id = next_wr_++ | kZeroCopyWr;
-  wr.sg_list = sge;
-  wr.num_sge = n;
-  wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED;
-  wr.imm_data = htonl(g.grant);
-  wr.wr.rdma.remote_addr = g.addr;
-  wr.wr.rdma.rkey = g.rkey;
-  if (ibv_post_send(qp_.get(), &wr, &bad) != 0) {
+  const uint64_t wr_id = next_wr_++ | kZeroCopyWr;
+  if (!PostChunkLocked(g, sge, n, wr_id)) {
     FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM, zero-copy) failed"), d);
     return false;
   }
   out_grants_.pop_front();
   if (op.zc == nullptr) op.zc = std::make_shared<ZcWrite>();
   ++op.zc->pending;
-  zc_inflight_[wr.wr_id] = op.zc;
-  flow_.Sent();
-  op.copied += g.len;
-  stats_.bytes_sent += g.len;
-  if (op.copied == op.total) {
-    FinishHeadWriteLocked(d);
-    out_next_offset_ = 0;
-  }
+  zc_inflight_[wr_id] = op.zc;
+  ChunkWrittenLocked(op, g.len, d);  // may pop op: last use of it
   return true;
 }
 
@@ -300,12 +301,7 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   WriteOp& op = writes_.front();
   CopyOut(op, g.offset, b->data, g.len);
   if (!PostGrantedWriteLocked(b, g.len, g, d)) return false;
-  op.copied += g.len;
-  stats_.bytes_sent += g.len;
-  if (op.copied == op.total) {
-    FinishHeadWriteLocked(d);
-    out_next_offset_ = 0;
-  }
+  ChunkWrittenLocked(op, g.len, d);
   return true;
 }
 

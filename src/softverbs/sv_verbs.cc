@@ -411,6 +411,22 @@ bool MayPinLocked(uint64_t more) {
   return Rt().pinned_bytes + more <= r.rlim_cur;
 }
 
+// A new MR of `pd` in the table, its keys given out. Caller holds Rt().mu.
+static Mr* NewMrLocked(ibv_pd* pd, void* addr, size_t length, unsigned access) {
+  auto* mr = new Mr();
+  mr->access = static_cast<int>(access);
+  uint32_t key = Rt().AllocKey();
+  mr->mr.context = pd->context;
+  mr->mr.pd = pd;
+  mr->mr.addr = addr;
+  mr->mr.length = length;
+  mr->mr.handle = key;
+  mr->mr.lkey = key;
+  mr->mr.rkey = key;
+  Rt().mrs[key] = mr;
+  return mr;
+}
+
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
                          unsigned int access) {
   // MW_BIND is accepted as the kernel does; a device without memory
@@ -439,19 +455,9 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   }
   if (odp) {
     std::lock_guard<std::mutex> g(Rt().mu);
-    auto* mr = new Mr();
-    mr->access = static_cast<int>(access);
+    Mr* mr = NewMrLocked(pd, addr, length, access);
     mr->odp = true;
     mr->implicit = implicit;
-    uint32_t key = Rt().AllocKey();
-    mr->mr.context = pd->context;
-    mr->mr.pd = pd;
-    mr->mr.addr = addr;
-    mr->mr.length = length;
-    mr->mr.handle = key;
-    mr->mr.lkey = key;
-    mr->mr.rkey = key;
-    Rt().mrs[key] = mr;
     return &mr->mr;
   }
   if (int err = FaultInPages(addr, length, access)) {
@@ -464,19 +470,9 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     errno = ENOMEM;
     return nullptr;
   }
-  auto* mr = new Mr();
-  mr->access = static_cast<int>(access);
+  Mr* mr = NewMrLocked(pd, addr, length, access);
   mr->pinned = pinned;
   Rt().pinned_bytes += pinned;
-  uint32_t key = Rt().AllocKey();
-  mr->mr.context = pd->context;
-  mr->mr.pd = pd;
-  mr->mr.addr = addr;
-  mr->mr.length = length;
-  mr->mr.handle = key;
-  mr->mr.lkey = key;
-  mr->mr.rkey = key;
-  Rt().mrs[key] = mr;
   return &mr->mr;
 }
 
