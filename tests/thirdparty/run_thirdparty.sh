@@ -526,7 +526,7 @@ case_rping() {  # $1 = size, then extra rping options (-q: the app makes its own
 # and the retry is reported in the details; any other failure counts.
 perftest_hit_listen_race() {
   grep -q "RDMA_CM_EVENT_REJECTED; error: 8" "$CASE_DIR/client.err" &&
-    grep -Eq "softverbs\[[0-9]+\]: link cm-connect: connect: Connection refused" "$CASE_DIR/client.err"
+    grep -Eq "softverbs\[[0-9]+\]: ([0-9:.]+ )?link cm-connect: connect: Connection refused" "$CASE_DIR/client.err"
 }
 
 perftest_attempt() {  # program, -R or empty
