@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/optional.h"
 #include "glue/args.h"
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
@@ -103,10 +104,17 @@ void StartTcpLocked(Attempt* a) {
 
 void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
                      absl::StatusOr<std::shared_ptr<Connection>> r) {
-  // Usually on the poller, which has no ExecCtx; inline on the connecting
-  // thread when the engine fails at once, and then this nests in its own.
-  grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
-  grpc_core::ExecCtx exec_ctx;
+  // Usually on the poller, which has no ExecCtx: one is made here. Inline
+  // on the connecting thread when the engine fails at once (an address no
+  // device routes): then on_connect must go on the caller's ExecCtx, run
+  // when gRPC flushes it. A nested one would run it here, inside Connect,
+  // while gRPC's connect handshaker holds the lock on_connect takes.
+  absl::optional<grpc_core::ApplicationCallbackExecCtx> callback_exec_ctx;
+  absl::optional<grpc_core::ExecCtx> exec_ctx;
+  if (grpc_core::ExecCtx::Get() == nullptr) {
+    callback_exec_ctx.emplace();
+    exec_ctx.emplace();
+  }
   std::unique_lock<std::mutex> lock(P().mu);
   if (P().attempts.count(a->handle) == 0) {  // cancelled meanwhile
     lock.unlock();

@@ -13,8 +13,11 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -395,6 +398,28 @@ TEST_F(E2eTest, AServerArgumentMakesItListenOnTcpOnly) {
   EXPECT_GE(Delta("tcp_server_connections"), 1);
   EXPECT_EQ(Delta("rdma_server_connections"), 0);
   server->Shutdown(Clock::now());
+}
+
+// A connect the engine fails at once, on gRPC's connecting thread
+// (rdma_resolve_addr refuses the wildcard address 0.0.0.0 there, as it
+// refuses any address while every device is removed): the answer goes on
+// gRPC's ExecCtx. Run by a nested one, inside the connect, it took the
+// lock gRPC's connect handshaker held there: the channel hung for good.
+TEST_F(E2eTest, AConnectTheEngineFailsAtOnceFailsTheCall) {
+  grpc::ChannelArguments none = BigMessageArgs();
+  none.SetString("grpc.rdma.fallback", "none");
+  auto result = std::make_shared<std::promise<grpc::Status>>();
+  std::future<grpc::Status> f = result->get_future();
+  std::thread([result, none] { result->set_value(CallOnce("0.0.0.0:9", none)); }).detach();
+  if (f.wait_for(std::chrono::seconds(15)) != std::future_status::ready) {
+    ADD_FAILURE() << "a call whose RDMA connect failed at once hung (no fallback allowed)";
+    fflush(stdout);
+    std::_Exit(1);  // a thread is stuck under gRPC's locks: no clean exit
+  }
+  grpc::Status s = f.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_EQ(Delta("tcp_client_connections"), 0);
+  EXPECT_EQ(Delta("rdma_client_connections"), 0);
 }
 
 // A TCP port free now (bound, then closed): for a server that must name
