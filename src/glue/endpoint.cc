@@ -28,10 +28,14 @@ constexpr size_t kCopyBelow = 512;
 // The shared state of one endpoint: the grpc_endpoint itself goes at
 // destroy, while callbacks the engine still owes hold this.
 struct State {
-  std::shared_ptr<Connection> conn;
+  std::mutex mu;  // guards conn, released and why (gRPC serialises the rest)
+  std::shared_ptr<Connection> conn;  // null once released (Release)
+  bool released = false;
+  absl::Status why;  // what released it: later reads and writes fail with it
   std::string peer, local;
   bool server = false;
   bool polling = false;  // acquired gRPC polling of the engine
+  bool shut_down = false;  // released by gRPC's shutdown (before its destroy)
   PollRegistration* conn_polling = nullptr;  // gRPC polls the connection's own descriptor
   // Received bytes copied into gRPC slices here (small chunks): the
   // connection's bytes_copied_on_receive besides the engine's.
@@ -90,12 +94,55 @@ grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
                                        held);
 }
 
+// The connection, or null (and why) once the endpoint let it go.
+std::shared_ptr<Connection> Held(State* st, absl::Status* why) {
+  std::lock_guard<std::mutex> g(st->mu);
+  if (st->conn == nullptr) *why = st->why;
+  return st->conn;
+}
+
+// Lets the connection go, at shutdown already, not only at destroy: shut
+// down (reads and writes pending or later fail), no longer polled, its
+// counts final, and the engine's reference the last one, so its QP and
+// pinned buffers are freed once its disconnect is done. gRPC 1.51 can
+// keep a shut-down endpoint for good: a connection whose subchannel was
+// shut down while it waited for the server's SETTINGS is never destroyed
+// (Subchannel::OnConnectingFinishedLocked drops the transport, fixed after
+// 1.51 by grpc/grpc#32071); what stays is this small state, as a TCP
+// endpoint leaks its descriptor there.
+bool Release(State* st, absl::Status why) {
+  std::shared_ptr<Connection> conn;
+  {
+    std::lock_guard<std::mutex> g(st->mu);
+    if (st->released) return false;
+    st->released = true;
+    st->why = why;
+    conn = std::move(st->conn);
+    st->conn = nullptr;
+  }
+  conn->Shutdown(std::move(why));
+  if (st->conn_polling != nullptr) Runtime::Get()->StopPollingConnection(st->conn_polling, conn.get());
+  st->conn_polling = nullptr;
+  UntrackConnection(conn.get());
+  GlobalCounters().rdma_open.fetch_sub(1);
+  if (st->polling) Runtime::Get()->ReleasePolling();
+  st->polling = false;
+  GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
+  return true;
+}
+
 void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool /*urgent*/,
             int /*min_progress_size*/) {
   // As gRPC's TCP endpoint: a read replaces what the buffer held.
   grpc_slice_buffer_reset_and_unref(slices);
   std::shared_ptr<State> st = Share(ep);
-  st->conn->Read([st, slices, cb](absl::StatusOr<std::vector<RecvChunk>> r) {
+  absl::Status gone;
+  std::shared_ptr<Connection> conn = Held(st.get(), &gone);
+  if (conn == nullptr) {
+    RunClosure(cb, ToGrpcError(gone));
+    return;
+  }
+  conn->Read([st, slices, cb](absl::StatusOr<std::vector<RecvChunk>> r) {
     if (!r.ok()) {
       grpc_slice_buffer_reset_and_unref(slices);
       GRPC_RDMA_TRACE("%s: read ended: %s", st->peer.c_str(),
@@ -118,9 +165,15 @@ void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, voi
     size_t n = GRPC_SLICE_LENGTH(slices->slices[i]);
     if (n > 0) iov.push_back({GRPC_SLICE_START_PTR(slices->slices[i]), n});
   }
+  absl::Status gone;
+  std::shared_ptr<Connection> conn = Held(Of(ep), &gone);
+  if (conn == nullptr) {
+    RunClosure(cb, ToGrpcError(gone));
+    return;
+  }
   NoteRdmaActivity();  // the answer is due soon: gRPC's poller may spin for it
   // The slices stay the caller's, untouched, until cb runs.
-  Of(ep)->conn->Write(std::move(iov), [cb](absl::Status s) {
+  conn->Write(std::move(iov), [cb](absl::Status s) {
     RunClosure(cb, s.ok() ? absl::OkStatus() : ToGrpcError(s));
   });
 }
@@ -132,21 +185,19 @@ void EpDeleteFromPollsetSet(grpc_endpoint*, grpc_pollset_set*) {}
 void EpShutdown(grpc_endpoint* ep, grpc_error_handle why) {
   State* st = Of(ep);
   GRPC_RDMA_TRACE("%s: shutdown: %s", st->peer.c_str(), why.ToString().c_str());
-  st->conn->Shutdown(absl::UnavailableError(
-      why.ok() ? std::string("endpoint shut down") : std::string(why.message())));
+  if (Release(st, absl::UnavailableError(why.ok() ? std::string("endpoint shut down")
+                                                  : std::string(why.message())))) {
+    st->shut_down = true;  // until destroyed: counted as gRPC holding it
+    GlobalCounters().rdma_shut_down_held.fetch_add(1);
+  }
 }
 
 void EpDestroy(grpc_endpoint* ep) {
   auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
-  State* st = e->st.get();
-  st->conn->Shutdown(absl::UnavailableError("endpoint destroyed"));
-  if (st->conn_polling != nullptr)
-    Runtime::Get()->StopPollingConnection(st->conn_polling, st->conn.get());
-  // Shut down: its counts are final.
-  UntrackConnection(st->conn.get());
-  GlobalCounters().rdma_open.fetch_sub(1);
-  if (st->polling) Runtime::Get()->ReleasePolling();
-  GRPC_RDMA_TRACE("%s: closed (%s side)", st->peer.c_str(), st->server ? "server" : "client");
+  Release(e->st.get(), absl::UnavailableError("endpoint destroyed"));
+  if (e->st->shut_down) GlobalCounters().rdma_shut_down_held.fetch_sub(1);
+  GRPC_RDMA_TRACE("%s: destroyed (%s side)", e->st->peer.c_str(),
+                  e->st->server ? "server" : "client");
   delete e;
 }
 

@@ -11,7 +11,9 @@
 //   (SliceChunkMemory: one copy, out of the registered buffer).
 // - write: completes once the engine is done with the slices' bytes.
 // - shutdown: pending and later reads and writes fail with the given error
-//   (UNAVAILABLE) and the RDMA connection is closed.
+//   (UNAVAILABLE) and the RDMA connection is closed and let go: its QP and
+//   pinned buffers are freed once its disconnect is done, even if gRPC
+//   never destroys the endpoint (gRPC 1.51 can leak a shut-down one).
 // - get_peer / get_local_address: "ipv4:10.0.0.2:50051?transport=rdma", a
 //   URI gRPC parses as it parses TCP's "ipv4:10.0.0.2:50051".
 // Completions run as gRPC closures through an ExecCtx on the engine's

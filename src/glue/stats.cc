@@ -74,6 +74,12 @@ std::string DescribeOpenConnections() {
         std::chrono::duration_cast<std::chrono::milliseconds>(now - o.since).count());
     out += c->Describe() + "; open " + std::to_string(ms) + " ms\n";
   }
+  if (uint64_t held = GlobalCounters().rdma_shut_down_held.load()) {
+    out += std::to_string(held) +
+           " endpoint(s) gRPC shut down and has not destroyed (their RDMA connections are "
+           "let go already; gRPC 1.51 never destroys one whose subchannel was shut down "
+           "while it waited for SETTINGS)\n";
+  }
   return out;
 }
 

@@ -21,6 +21,9 @@ namespace grpc_rdma {
 struct Counters {
   std::atomic<uint64_t> rdma_client{0}, rdma_server{0}, tcp_client{0}, tcp_server{0};
   std::atomic<uint64_t> rdma_open{0}, fallbacks{0}, fallbacks_remembered{0};
+  // RDMA endpoints gRPC shut down and has not destroyed (yet): their
+  // connections are let go already (src/glue/endpoint.cc, Release).
+  std::atomic<uint64_t> rdma_shut_down_held{0};
 };
 
 Counters& GlobalCounters();
@@ -42,8 +45,10 @@ struct StreamSnapshot {
 };
 StreamSnapshot StreamTotals();
 
-// Each open RDMA connection gRPC holds (an endpoint not yet destroyed),
-// one line each: Connection::Describe, and how long it has been open.
+// Each open RDMA connection gRPC holds (an endpoint neither shut down nor
+// destroyed), one line each: Connection::Describe, and how long it has
+// been open; then a line counting the endpoints gRPC shut down and still
+// holds, if any.
 std::string DescribeOpenConnections();
 
 }  // namespace grpc_rdma

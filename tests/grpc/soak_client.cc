@@ -338,19 +338,25 @@ int main(int argc, char** argv) {
     if (st["rdma_connections_open"] == 0 && st["pinned_bytes"] == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  // What each open connection is doing, for the diagnosis; and endpoints
+  // gRPC shut down and kept (gRPC's own leak: they hold no RDMA connection
+  // and no pinned memory) are noted, not failed.
+  std::string open_text;
+  using Fn = char* (*)();
+  if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"))) {
+    if (char* text = fn()) {
+      open_text = text;
+      free(text);
+    }
+  }
   if (st.empty()) t.Fail("grpc-rdma is not in this process (preload it)");
   else if (st["rdma_connections_open"] != 0 || st["pinned_bytes"] != 0) {
     t.Fail("10 s after the last channel went, the plugin still holds " +
            std::to_string(st["rdma_connections_open"]) + " connections and " +
            std::to_string(st["pinned_bytes"]) + " pinned bytes");
-    // What each is doing, for the diagnosis.
-    using Fn = char* (*)();
-    if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"))) {
-      if (char* text = fn()) {
-        fprintf(stderr, "soak: the open RDMA connections:\n%s", text);
-        free(text);
-      }
-    }
+    fprintf(stderr, "soak: the open RDMA connections:\n%s", open_text.c_str());
+  } else if (!open_text.empty()) {
+    printf("soak: note: %s", open_text.c_str());
   }
   if (t.ok.load() == 0) t.Fail("no call ended OK");
   if (quiet > grace && t.quiet_ok.load() == 0) t.Fail("no call ended OK in the quiet period");
