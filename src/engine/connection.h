@@ -180,13 +180,18 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     uint32_t len;
     bool standing = false;  // one whole message of up to len bytes
     uint64_t offset = 0;    // announced transfer: where in it this chunk goes
+    bool large = false;     // a large standing grant (plan::LargeStandingBytes)
   };
   // A grant id not in use (ids wrap after 2^32 grants; 0 is never one).
   uint32_t NextGrantIdLocked();
 
   // sender.cc
   bool SendControlLocked(wire::Header h);  // inline SEND
-  bool WriteStandingLocked(Deferred* d);
+  // The smallest of the peer's standing grants that holds `total` bytes
+  // (its index in standing_in_), or -1.
+  int FitStandingLocked(size_t total) const;
+  // Writes the whole head write into standing_in_[which] (taken).
+  bool WriteStandingLocked(size_t which, Deferred* d);
   bool PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGrant& g, Deferred* d);
   // Posts one RDMA WRITE WITH IMMEDIATE of `sge` into the peer's grant `g`
   // (counted as a send); false when the post failed (nothing counted).
@@ -201,7 +206,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // Zero-copy (odp_mr_): the SGEs for bytes [offset, offset + len) of `op`,
   // at most `max` of them; 0 when more would be needed.
   int GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge, int max) const;
-  bool WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n, Deferred* d);
+  // Posts `len` bytes of `op` gathered in `sge` (no copy) into grant `g`,
+  // taken by the caller: the write's `done` then waits for its completion.
+  bool WriteZeroCopyLocked(WriteOp& op, const OutGrant& g, uint32_t len, ibv_sge* sge, int n,
+                           Deferred* d);
   // The head write is wholly posted: its `done` now, or once its
   // zero-copy chunks complete.
   void FinishHeadWriteLocked(Deferred* d);
@@ -223,6 +231,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool PostRecvLocked(size_t index);
   void RepostLocked(size_t index, Deferred* d);
   void IssueStandingGrantsLocked();
+  // One standing grant of `len` bytes; false when none can be made now.
+  bool IssueStandingGrantLocked(uint32_t len, bool large);
   // Opens a landing buffer to the peer's writes for a grant (its rkey may
   // change), or closes it once the grant is used, before it is lent to the
   // reader: the peer can write exactly the buffers it holds a grant for.
@@ -306,6 +316,10 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   uint64_t in_total_ = 0, in_received_ = 0, in_granted_ = 0;
   std::map<uint32_t, Landing> landings_;
   int standing_out_ = 0;  // our standing grants not yet used
+  int large_out_ = 0;     // of them, large ones
+  // The size of the large standing grants to make (0: none yet), once
+  // the peer announced a message one could hold (plan::LargeStandingBytes).
+  uint32_t large_standing_len_ = 0;
   uint32_t next_grant_ = 1;
   bool waiting_budget_ = false;
   std::atomic<bool> budget_woken_{false};  // set by the budget's wake-up

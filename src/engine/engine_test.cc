@@ -685,6 +685,42 @@ TEST(Engine, MidSizeMessagesUseStandingGrants) {
   p.Close();
 }
 
+// A message announced once that a large standing grant could hold (1 MiB
+// and gRPC's framing: above a small standing grant's 512 KiB, within 2
+// MiB) makes the receiver keep large standing grants out: such messages,
+// of any size up to 2 MiB, then go unannounced, in one write from the
+// writer's own buffers (zero-copy from 1 MiB); larger ones are still
+// announced.
+TEST(Engine, AnnouncedLargeMessagesGetLargeStandingGrants) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s);
+  std::string all;
+  auto send = [&](size_t size, int seed) {
+    std::string m = Pattern(size, seed);
+    all += m;
+    ASSERT_TRUE(WriteAll(*p.c, m).ok());
+    ASSERT_TRUE(at_server.WaitFor(all.size()));
+    // The used grant's successor on its way (the poller grants at once).
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  };
+  const size_t kMiB1 = (1 << 20) + 14;
+  for (int i = 0; i < 5; ++i) send(kMiB1, i);
+  ConnectionStats st = p.c->stats();
+  EXPECT_EQ(st.rendezvous, 5u);
+  EXPECT_EQ(st.rendezvous - st.rendezvous_pre_granted, 1u) << "only the first is announced";
+  EXPECT_EQ(st.bytes_copied_on_send, kMiB1)
+      << "the first one's 256 KiB pieces are copied, the others written from the writer's buffers";
+  send((3 << 20) / 2, 7);
+  send((2 << 20) + 14, 8);
+  st = p.c->stats();
+  EXPECT_EQ(st.rendezvous - st.rendezvous_pre_granted, 2u)
+      << "1.5 MiB fits a large grant; 2 MiB and framing is announced";
+  EXPECT_TRUE(at_server.data() == all);
+  EXPECT_EQ(p.s->stats().chunks_copied, 0u);
+  p.Close();
+}
+
 }  // namespace
 }  // namespace grpc_rdma
 

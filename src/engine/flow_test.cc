@@ -127,6 +127,25 @@ TEST(Plan, StandingGrants) {
   EXPECT_EQ(plan::StandingBytes(512 * kKiB, kMiB + kKiB), 0u) << "all such messages are eager";
 }
 
+TEST(Plan, LargeStandingGrants) {
+  // Two of the ten our peers accept; none from a peer that takes 2 or 3.
+  EXPECT_EQ(plan::LargeStandingSlots(plan::kStandingGrants), 2);
+  EXPECT_EQ(plan::LargeStandingSlots(8), 2) << "an engine of eight: six small ones";
+  EXPECT_EQ(plan::LargeStandingSlots(3), 0);
+  EXPECT_EQ(plan::LargeStandingSlots(plan::PeerStandingGrants(0)), 0);
+  const uint32_t chunk = 4 * kMiB, small = 512 * kKiB;
+  // 1 MiB and gRPC's framing: 2 MiB grants, for any size up to that.
+  EXPECT_EQ(plan::LargeStandingBytes(kMiB + 14, chunk, small, 9 * kKiB), 2 * kMiB);
+  EXPECT_EQ(plan::LargeStandingBytes(small + 1, chunk, small, 9 * kKiB), 2 * kMiB);
+  EXPECT_EQ(plan::LargeStandingBytes(2 * kMiB, chunk, small, 9 * kKiB), 2 * kMiB);
+  EXPECT_EQ(plan::LargeStandingBytes(2 * kMiB + 14, chunk, small, 9 * kKiB), 0u)
+      << "larger than a large grant: announced, and nothing learnt";
+  EXPECT_EQ(plan::LargeStandingBytes(small, chunk, small, 9 * kKiB), 0u) << "a small one holds it";
+  EXPECT_EQ(plan::LargeStandingBytes(kMiB, chunk, 0, 2 * kMiB), 0u) << "eager";
+  // Chunks of 1 MiB: grants of one.
+  EXPECT_EQ(plan::LargeStandingBytes(kMiB, kMiB, small, 9 * kKiB), kMiB);
+}
+
 TEST(Plan, AnnouncedTransfersAreCutIntoPiecesInFlight) {
   const uint32_t chunk = 4 * kMiB;
   // gRPC's framing adds a few bytes to a power-of-two message: four 1 MiB

@@ -13,12 +13,18 @@
 namespace grpc_rdma {
 namespace plan {
 
-// Standing grants: each side keeps up to this many landing buffers of
-// StandingBytes() granted to its peer ahead of time, so that a message
-// above the eager limit and within one goes at once, in one RDMA WRITE WITH
-// IMMEDIATE, without announcing it. (A peer whose Hello says 0 takes 2.)
-constexpr int kStandingGrants = 8;
+// Standing grants: each side keeps landing buffers granted to its peer
+// ahead of time, so that a message above the eager limit and within one
+// goes at once, in one RDMA WRITE WITH IMMEDIATE, without announcing it.
+// Up to this many are outstanding (the Hello's standing_grants; a peer
+// whose Hello says 0 takes 2) ...
+constexpr int kStandingGrants = 10;
+// ... of StandingBytes() each, but for up to kLargeStanding of them, made
+// only once the peer announced a message too large for those and within
+// one grant: LargeStandingBytes() (a parameter server's tensors, large
+// unary calls: the same sizes again and again).
 constexpr uint32_t kStandingBytesMax = 512 * 1024;
+constexpr int kLargeStanding = 2;
 // Announced transfers are cut into pieces of at least this size (a power
 // of two, so they share the pool's size classes) ...
 constexpr uint64_t kMinPiece = 256 << 10;
@@ -51,6 +57,27 @@ inline int PeerStandingGrants(uint16_t from_hello) {
 inline uint32_t StandingBytes(uint32_t grant_limit, uint64_t own_acc) {
   uint32_t len = std::min(grant_limit, kStandingBytesMax);
   return len <= own_acc ? 0 : len;
+}
+
+// Of the `peer_standing` standing grants the peer accepts, how many may
+// be large ones: none when it takes 3 or fewer (an older peer's 2).
+inline int LargeStandingSlots(int peer_standing) {
+  return peer_standing > kLargeStanding + 1 ? kLargeStanding : 0;
+}
+
+// The size of the large standing grants: kLargeStandingBytesMax, or the
+// most one grant holds if less; made once the peer announced a message of
+// `total` bytes that fits one. Fixed, not sized to that message: grants
+// cannot be taken back, and sized to a first 600 KiB message two of them
+// would never serve a 1 MiB one. 0 when one cannot hold it, or a standing
+// grant of `standing_bytes` already does (or it goes eagerly: up to
+// `own_acc`).
+constexpr uint32_t kLargeStandingBytesMax = 2 << 20;
+inline uint32_t LargeStandingBytes(uint64_t total, uint32_t grant_limit, uint32_t standing_bytes,
+                                   uint64_t own_acc) {
+  const uint32_t len = std::min(grant_limit, kLargeStandingBytesMax);
+  if (total > len || total <= standing_bytes || total <= own_acc) return 0;
+  return len;
 }
 
 // The piece size of an announced transfer of `total` bytes. When

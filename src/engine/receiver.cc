@@ -193,6 +193,13 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
       in_active_ = true;
       in_total_ = h.a;
       in_received_ = in_granted_ = 0;
+      // The next such message need not be announced: large standing
+      // grants are made from now on (IssueStandingGrantsLocked).
+      large_standing_len_ = std::max(
+          large_standing_len_,
+          plan::LargeStandingBytes(h.a, grant_limit_,
+                                   plan::StandingBytes(grant_limit_, engine_->options.acc_size),
+                                   engine_->options.acc_size));
       break;
     case wire::kCts: {
       if (writes_.empty() || !writes_.front().rts_sent) return Violation("grant for nothing", d);
@@ -235,6 +242,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
       return Violation("bad write into a standing grant", d);
     land.len = wc.byte_len;
     --standing_out_;
+    if (land.large) --large_out_;
   } else if (wc.byte_len != land.len) {
     return Violation("chunk of the wrong length", d);
   } else if (land.offset != in_received_) {
@@ -287,38 +295,52 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
 
 // ---------------------------------------------------------------- grants ---
 
-// Keeps plan::kStandingGrants landing buffers granted to the peer ahead of
-// time (only from memory the budget has to spare: never waits for it).
+// Keeps the peer's share of standing grants out (plan.h): the small ones
+// always, the large ones once a message showed their size (only from
+// memory the budget has to spare: never waits for it).
 void ConnImpl::IssueStandingGrantsLocked() {
-  uint32_t len = plan::StandingBytes(grant_limit_, engine_->options.acc_size);
-  if (len == 0) return;  // every such message is eager anyway
+  const int large_slots = plan::LargeStandingSlots(peer_standing_);
+  const uint32_t small = plan::StandingBytes(grant_limit_, engine_->options.acc_size);
+  // small == 0: every such message is eager anyway.
+  while (small != 0 && standing_out_ - large_out_ < peer_standing_ - large_slots) {
+    if (!IssueStandingGrantLocked(small, false)) return;
+  }
+  while (large_standing_len_ != 0 && large_out_ < large_slots) {
+    if (!IssueStandingGrantLocked(large_standing_len_, true)) return;
+  }
+}
+
+bool ConnImpl::IssueStandingGrantLocked(uint32_t len, bool large) {
   // The peer's receives are for data and for the grants of announced
   // transfers too: standing grants (held until used) take at most half.
-  while (standing_out_ < peer_standing_ && flow_.RoomForStandingGrant()) {
-    // Held until the peer uses them: only from a budget three quarters
-    // free, so standing grants (across all connections) can never take the
-    // memory announced transfers need to make progress.
-    if (engine_->budget.used() + len > engine_->budget.cap() / 4) return;
-    absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
-    if (!b.ok() || *b == nullptr) return;
-    if (!OpenGrantLocked(*b, nullptr)) {
-      remote_pool_->Put(*b);
-      return;
-    }
-    uint32_t id = NextGrantIdLocked();
-    wire::Header h{};
-    h.type = wire::kStanding;
-    h.len = len;
-    h.a = reinterpret_cast<uint64_t>((*b)->data);
-    h.rkey = (*b)->reg.rkey;
-    h.grant = id;
-    if (!SendControlLocked(h)) {
-      remote_pool_->Put(*b);
-      return;
-    }
-    landings_[id] = Landing{*b, len, true};
-    ++standing_out_;
+  if (!flow_.RoomForStandingGrant()) return false;
+  // Held until the peer uses them: only from a budget three quarters
+  // free, so standing grants (across all connections) can never take the
+  // memory announced transfers need to make progress.
+  if (engine_->budget.used() + len > engine_->budget.cap() / 4) return false;
+  absl::StatusOr<PinnedBuffer*> b = remote_pool_->Get(len);
+  if (!b.ok() || *b == nullptr) return false;
+  if (!OpenGrantLocked(*b, nullptr)) {
+    remote_pool_->Put(*b);
+    return false;
   }
+  uint32_t id = NextGrantIdLocked();
+  wire::Header h{};
+  h.type = wire::kStanding;
+  h.len = len;
+  h.a = reinterpret_cast<uint64_t>((*b)->data);
+  h.rkey = (*b)->reg.rkey;
+  h.grant = id;
+  if (!SendControlLocked(h)) {
+    remote_pool_->Put(*b);
+    return false;
+  }
+  Landing land{*b, len, true};
+  land.large = large;
+  landings_[id] = land;
+  ++standing_out_;
+  if (large) ++large_out_;
+  return true;
 }
 
 void ConnImpl::SetGrantDeadlineLocked(bool renew) {

@@ -266,22 +266,21 @@ int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge
   return len == 0 ? n : 0;
 }
 
-// A granted chunk as one RDMA WRITE WITH IMMEDIATE gathered from the
+// Bytes of `op` as one RDMA WRITE WITH IMMEDIATE gathered from the
 // writer's own buffers (no copy): the write's `done` then waits for the
 // chunk's completion (FinishHeadWriteLocked, ZeroCopyDoneLocked).
-bool ConnImpl::WriteChunkZeroCopyLocked(WriteOp& op, const OutGrant& g, ibv_sge* sge, int n,
-                                        Deferred* d) {
+bool ConnImpl::WriteZeroCopyLocked(WriteOp& op, const OutGrant& g, uint32_t len, ibv_sge* sge,
+                                   int n, Deferred* d) {
   if (!qp_) return false;  // settled: closed
   const uint64_t wr_id = next_wr_++ | kZeroCopyWr;
   if (!PostChunkLocked(g, sge, n, wr_id)) {
     FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM, zero-copy) failed"), d);
     return false;
   }
-  out_grants_.pop_front();
   if (op.zc == nullptr) op.zc = std::make_shared<ZcWrite>();
   ++op.zc->pending;
   zc_inflight_[wr_id] = op.zc;
-  ChunkWrittenLocked(op, g.len, d);  // may pop op: last use of it
+  ChunkWrittenLocked(op, len, d);  // may pop op: last use of it
   return true;
 }
 
@@ -293,7 +292,10 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   if (odp_mr_ && g.len >= kZeroCopyMin) {
     ibv_sge sge[kZeroCopySge];
     int n = GatherLocked(writes_.front(), g.offset, g.len, sge, max_send_sge_);
-    if (n > 0) return WriteChunkZeroCopyLocked(writes_.front(), g, sge, n, d);
+    if (n > 0) {
+      out_grants_.pop_front();
+      return WriteZeroCopyLocked(writes_.front(), g, g.len, sge, n, d);
+    }
   }
   PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
   if (b == nullptr) return false;
@@ -305,23 +307,40 @@ bool ConnImpl::WriteChunkLocked(Deferred* d) {
   return true;
 }
 
-// Writes the whole message at the head of the queue into the peer's
-// oldest standing grant.
-bool ConnImpl::WriteStandingLocked(Deferred* d) {
+int ConnImpl::FitStandingLocked(size_t total) const {
+  int best = -1;
+  for (size_t i = 0; i < standing_in_.size(); ++i) {
+    if (standing_in_[i].len >= total && (best < 0 || standing_in_[i].len < standing_in_[best].len))
+      best = static_cast<int>(i);
+  }
+  return best;
+}
+
+// Writes the whole message at the head of the queue into one of the
+// peer's standing grants: from the writer's own buffers when it is large
+// (as a large chunk goes), else copied into a registered staging buffer.
+bool ConnImpl::WriteStandingLocked(size_t which, Deferred* d) {
   WriteOp& op = writes_.front();
-  OutGrant g = standing_in_.front();
+  const OutGrant g = standing_in_[which];
+  const uint32_t len = static_cast<uint32_t>(op.total);
+  if (odp_mr_ && op.total >= kZeroCopyMin) {
+    ibv_sge sge[kZeroCopySge];
+    int n = GatherLocked(op, 0, op.total, sge, max_send_sge_);
+    if (n > 0) {
+      standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
+      ++stats_.rendezvous;
+      ++stats_.rendezvous_pre_granted;
+      return WriteZeroCopyLocked(op, g, len, sge, n, d);
+    }
+  }
   PinnedBuffer* b = GetOrWaitLocked(*local_pool_, op.total, d);
   if (b == nullptr) return false;
-  standing_in_.pop_front();
+  standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
   CopyOut(op, 0, b->data, op.total);
-  if (!PostGrantedWriteLocked(b, static_cast<uint32_t>(op.total), g, d)) return false;
-  op.copied = op.total;
-  stats_.bytes_sent += op.total;
+  if (!PostGrantedWriteLocked(b, len, g, d)) return false;
   ++stats_.rendezvous;
   ++stats_.rendezvous_pre_granted;
-  WriteDone cb = std::move(op.done);
-  d->push_back([cb] { cb(absl::OkStatus()); });
-  writes_.pop_front();
+  ChunkWrittenLocked(op, len, d);  // pops op
   return true;
 }
 
@@ -352,10 +371,12 @@ void ConnImpl::PumpLocked(Deferred* d) {
     }
     if (writes_.empty()) break;
     WriteOp& op = writes_.front();
-    if (op.total > peer_acc_ && !op.rts_sent && op.copied == 0 && !standing_in_.empty() &&
-        op.total <= standing_in_.front().len) {
-      if (!WriteStandingLocked(d)) break;
-      continue;
+    if (op.total > peer_acc_ && !op.rts_sent && op.copied == 0) {
+      int which = FitStandingLocked(op.total);
+      if (which >= 0) {
+        if (!WriteStandingLocked(static_cast<size_t>(which), d)) break;
+        continue;
+      }
     }
     if (op.total > eager_limit_) {
       if (op.rts_sent) break;  // waiting for grants
