@@ -328,9 +328,10 @@ bool ConnImpl::WriteStandingLocked(size_t which, Deferred* d) {
     int n = GatherLocked(op, 0, op.total, sge, max_send_sge_);
     if (n > 0) {
       standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
+      if (!WriteZeroCopyLocked(op, g, len, sge, n, d)) return false;
       ++stats_.rendezvous;
       ++stats_.rendezvous_pre_granted;
-      return WriteZeroCopyLocked(op, g, len, sge, n, d);
+      return true;
     }
   }
   PinnedBuffer* b = GetOrWaitLocked(*local_pool_, op.total, d);

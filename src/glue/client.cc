@@ -111,10 +111,8 @@ void OnRdmaConnected(const std::shared_ptr<Attempt>& a,
   // while gRPC's connect handshaker holds the lock on_connect takes.
   absl::optional<grpc_core::ApplicationCallbackExecCtx> callback_exec_ctx;
   absl::optional<grpc_core::ExecCtx> exec_ctx;
-  if (grpc_core::ExecCtx::Get() == nullptr) {
-    callback_exec_ctx.emplace();
-    exec_ctx.emplace();
-  }
+  if (!grpc_core::ApplicationCallbackExecCtx::Available()) callback_exec_ctx.emplace();
+  if (grpc_core::ExecCtx::Get() == nullptr) exec_ctx.emplace();
   std::unique_lock<std::mutex> lock(P().mu);
   if (P().attempts.count(a->handle) == 0) {  // cancelled meanwhile
     lock.unlock();

@@ -347,7 +347,7 @@ PollRegistration* Runtime::PollConnection(std::shared_ptr<Connection> conn) {
 void Runtime::StopPollingConnection(PollRegistration* r, Connection* conn) {
   if (r == nullptr) return;
   std::lock_guard<std::mutex> g(Mu());
-  UnregisterLocked(r, "grpc_rdma: endpoint destroyed");
+  UnregisterLocked(r, "grpc_rdma: endpoint shut down");
   // Whatever the connection still has to do (a disconnect waiting for its
   // last sends) is the engine poller's again.
   conn->SetHostPolled(false);

@@ -77,8 +77,8 @@ std::string DescribeOpenConnections() {
   if (uint64_t held = GlobalCounters().rdma_shut_down_held.load()) {
     out += std::to_string(held) +
            " endpoint(s) gRPC shut down and has not destroyed (their RDMA connections are "
-           "let go already; gRPC 1.51 never destroys one whose subchannel was shut down "
-           "while it waited for SETTINGS)\n";
+           "let go already; for a moment after a shutdown, or for good: gRPC 1.51 never "
+           "destroys one whose subchannel was shut down while it waited for SETTINGS)\n";
   }
   return out;
 }

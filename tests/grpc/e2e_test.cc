@@ -7,6 +7,8 @@
 #include <dlfcn.h>
 #include <grpc/support/log.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -500,6 +502,31 @@ long ShutDownHeld() {
 TEST_F(E2eTest, AConnectionGrpcKeepsAfterShutdownIsLetGo) {
   const char* path = getenv("SLOW_SETTINGS_SERVER");
   ASSERT_NE(path, nullptr) << "SLOW_SETTINGS_SERVER names the server (tests/grpc/CMakeLists.txt)";
+  // Its environment, made before fork (the child only execs): without the
+  // plugin in LD_PRELOAD (it is no gRPC program), with the rest (a
+  // sanitizer's runtime).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string v = *e;
+    if (v.rfind("LD_PRELOAD=", 0) == 0) {
+      std::string kept, item, all = v.substr(strlen("LD_PRELOAD="));
+      for (size_t i = 0; i <= all.size(); ++i) {
+        if (i == all.size() || all[i] == ':' || all[i] == ' ') {
+          if (!item.empty() && item.find("libgrpc_rdma") == std::string::npos)
+            kept += (kept.empty() ? "" : ":") + item;
+          item.clear();
+        } else {
+          item += all[i];
+        }
+      }
+      v = "LD_PRELOAD=" + kept;
+    }
+    env.push_back(v);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : env) envp.push_back(&v[0]);
+  envp.push_back(nullptr);
+  const char* argv[] = {path, "--settings-ms", "2000", "--close-ms", "1000", nullptr};
   int to_child[2], from_child[2];
   ASSERT_EQ(pipe(to_child), 0);
   ASSERT_EQ(pipe(from_child), 0);
@@ -510,33 +537,30 @@ TEST_F(E2eTest, AConnectionGrpcKeepsAfterShutdownIsLetGo) {
     dup2(from_child[1], 1);
     close(to_child[1]);
     close(from_child[0]);
-    // Not the plugin (it is no gRPC program), the rest of LD_PRELOAD (a
-    // sanitizer's runtime) stays.
-    if (const char* pre = getenv("LD_PRELOAD")) {
-      std::string kept, item;
-      std::string all = pre;
-      for (size_t i = 0; i <= all.size(); ++i) {
-        if (i == all.size() || all[i] == ':' || all[i] == ' ') {
-          if (!item.empty() && item.find("libgrpc_rdma") == std::string::npos)
-            kept += (kept.empty() ? "" : ":") + item;
-          item.clear();
-        } else {
-          item += all[i];
-        }
-      }
-      setenv("LD_PRELOAD", kept.c_str(), 1);
-    }
-    execl(path, path, "--settings-ms", "1000", "--close-ms", "1000", static_cast<char*>(nullptr));
+    execve(path, const_cast<char**>(argv), envp.data());
     _exit(127);
   }
   close(to_child[0]);
   close(from_child[1]);
-  FILE* out = fdopen(from_child[0], "r");
+  // Ends the server (stdin closed), killed if it does not go in 10 s.
+  auto finish = [&]() -> int {
+    close(to_child[1]);
+    int status = 0;
+    for (int i = 0; i < 1000; ++i) {
+      if (waitpid(pid, &status, WNOHANG) == pid) return status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return status;
+  };
   char line[64] = "";
   unsigned port = 0;
-  if (fgets(line, sizeof(line), out) == nullptr || sscanf(line, "port %u", &port) != 1) {
-    close(to_child[1]);
-    waitpid(pid, nullptr, 0);
+  pollfd pfd{from_child[0], POLLIN, 0};
+  ssize_t n = poll(&pfd, 1, 10000) == 1 ? read(from_child[0], line, sizeof(line) - 1) : -1;
+  close(from_child[0]);
+  if (n <= 0 || sscanf(line, "port %u", &port) != 1) {
+    finish();
     FAIL() << "the slow server did not start: " << line;
   }
   const std::string target = "127.0.0.1:" + std::to_string(port);
@@ -546,27 +570,31 @@ TEST_F(E2eTest, AConnectionGrpcKeepsAfterShutdownIsLetGo) {
         grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), BigMessageArgs()));
     Blob req, resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(Clock::now() + std::chrono::milliseconds(300));
+    ctx.set_deadline(Clock::now() + std::chrono::milliseconds(500));
     grpc::Status s = stub->Unary(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    // No SETTINGS yet: the call waits out its deadline (UNAVAILABLE only if
+    // the connect failed meanwhile, e.g. on a loaded machine: then there is
+    // nothing to leak, and what follows still holds).
+    EXPECT_TRUE(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                s.error_code() == grpc::StatusCode::UNAVAILABLE)
+        << s.error_code() << " " << s.error_message();
   }  // the channel goes while the connection waits for SETTINGS
   const std::string mine = "client rdma:" + target + " ";
   bool gone = false;
   for (int i = 0; i < 100 && !gone; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     gone = ShutDownHeld() > held_before ||
-           (i >= 40 && ConnectionsText().find(mine) == std::string::npos);
+           (i >= 50 && ConnectionsText().find(mine) == std::string::npos);
   }
   std::string text = ConnectionsText();
   EXPECT_EQ(text.find(mine), std::string::npos)
       << "the connection is still held after the server closed it:\n" << text;
-  // What gRPC did (its leak, not ours): said, not checked.
+  // What gRPC did (its leak, not ours): said, not checked. 0 means the
+  // case did not arise this time (the connect failed, or a gRPC without
+  // the leak).
   printf("e2e: endpoints gRPC shut down and kept: %ld (gRPC 1.51: 1)\n",
          ShutDownHeld() - held_before);
-  close(to_child[1]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  fclose(out);
+  int status = finish();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "slow server status " << status;
 }
 

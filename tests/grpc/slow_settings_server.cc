@@ -101,9 +101,13 @@ int main(int argc, char** argv) {
   char buf[64];
   while (read(0, buf, sizeof(buf)) > 0) {
   }
+  // Joined without the lock: an accept meanwhile (on the engine's poller)
+  // takes it.
+  std::vector<std::thread> done;
   {
     std::lock_guard<std::mutex> g(mu);
-    for (std::thread& t : workers) t.join();
+    done.swap(workers);
   }
+  for (std::thread& t : done) t.join();
   return 0;
 }
