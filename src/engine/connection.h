@@ -33,6 +33,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "engine/buffer_pool.h"
 #include "engine/engine.h"
 #include "engine/flow.h"
@@ -203,6 +204,13 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   size_t NextEagerBytesLocked() const;
   static constexpr size_t kMaxInlineBytes = 256;  // the most an eager SEND carries inline
   bool WriteChunkLocked(Deferred* d);
+  // Writes bytes [offset, offset + len) of the head write into the peer's
+  // grant `g`: zero-copy where it can (a large piece in a few of the
+  // writer's buffers), else copied into a registered staging buffer.
+  // `take` removes the grant from its queue once the write goes (not while
+  // it waits for pinned memory). False: closed, or waiting.
+  bool WriteIntoGrantLocked(const OutGrant& g, size_t offset, uint32_t len,
+                            absl::FunctionRef<void()> take, Deferred* d);
   // Zero-copy (odp_mr_): the SGEs for bytes [offset, offset + len) of `op`,
   // at most `max` of them; 0 when more would be needed.
   int GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge, int max) const;

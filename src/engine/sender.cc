@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "engine/connection.h"
 #include "engine/engine_impl.h"
@@ -284,27 +285,30 @@ bool ConnImpl::WriteZeroCopyLocked(WriteOp& op, const OutGrant& g, uint32_t len,
   return true;
 }
 
-// Writes one granted chunk of the rendezvous at the head of the queue:
-// zero-copy where it can (a large chunk in a few of the writer's
-// buffers), else copied into a registered staging buffer.
-bool ConnImpl::WriteChunkLocked(Deferred* d) {
-  OutGrant g = out_grants_.front();
-  if (odp_mr_ && g.len >= kZeroCopyMin) {
+bool ConnImpl::WriteIntoGrantLocked(const OutGrant& g, size_t offset, uint32_t len,
+                                    absl::FunctionRef<void()> take, Deferred* d) {
+  WriteOp& op = writes_.front();
+  if (odp_mr_ && len >= kZeroCopyMin) {
     ibv_sge sge[kZeroCopySge];
-    int n = GatherLocked(writes_.front(), g.offset, g.len, sge, max_send_sge_);
+    int n = GatherLocked(op, offset, len, sge, max_send_sge_);
     if (n > 0) {
-      out_grants_.pop_front();
-      return WriteZeroCopyLocked(writes_.front(), g, g.len, sge, n, d);
+      take();
+      return WriteZeroCopyLocked(op, g, len, sge, n, d);
     }
   }
-  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, g.len, d);
+  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, len, d);
   if (b == nullptr) return false;
-  out_grants_.pop_front();
-  WriteOp& op = writes_.front();
-  CopyOut(op, g.offset, b->data, g.len);
-  if (!PostGrantedWriteLocked(b, g.len, g, d)) return false;
-  ChunkWrittenLocked(op, g.len, d);
+  take();
+  CopyOut(op, offset, b->data, len);
+  if (!PostGrantedWriteLocked(b, len, g, d)) return false;
+  ChunkWrittenLocked(op, len, d);  // may pop op
   return true;
+}
+
+// Writes one granted chunk of the rendezvous at the head of the queue.
+bool ConnImpl::WriteChunkLocked(Deferred* d) {
+  const OutGrant g = out_grants_.front();
+  return WriteIntoGrantLocked(g, g.offset, g.len, [this] { out_grants_.pop_front(); }, d);
 }
 
 int ConnImpl::FitStandingLocked(size_t total) const {
@@ -317,31 +321,16 @@ int ConnImpl::FitStandingLocked(size_t total) const {
 }
 
 // Writes the whole message at the head of the queue into one of the
-// peer's standing grants: from the writer's own buffers when it is large
-// (as a large chunk goes), else copied into a registered staging buffer.
+// peer's standing grants.
 bool ConnImpl::WriteStandingLocked(size_t which, Deferred* d) {
-  WriteOp& op = writes_.front();
   const OutGrant g = standing_in_[which];
-  const uint32_t len = static_cast<uint32_t>(op.total);
-  if (odp_mr_ && op.total >= kZeroCopyMin) {
-    ibv_sge sge[kZeroCopySge];
-    int n = GatherLocked(op, 0, op.total, sge, max_send_sge_);
-    if (n > 0) {
-      standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
-      if (!WriteZeroCopyLocked(op, g, len, sge, n, d)) return false;
-      ++stats_.rendezvous;
-      ++stats_.rendezvous_pre_granted;
-      return true;
-    }
-  }
-  PinnedBuffer* b = GetOrWaitLocked(*local_pool_, op.total, d);
-  if (b == nullptr) return false;
-  standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
-  CopyOut(op, 0, b->data, op.total);
-  if (!PostGrantedWriteLocked(b, len, g, d)) return false;
+  auto take = [this, which] {
+    standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
+  };
+  if (!WriteIntoGrantLocked(g, 0, static_cast<uint32_t>(writes_.front().total), take, d))
+    return false;
   ++stats_.rendezvous;
   ++stats_.rendezvous_pre_granted;
-  ChunkWrittenLocked(op, len, d);  // pops op
   return true;
 }
 

@@ -472,16 +472,6 @@ TEST_F(E2eTest, AServerThatWasDownGetsRdmaWhenItComesBack) {
   server->Shutdown(Clock::now());
 }
 
-std::string ConnectionsText() {
-  using Fn = char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"));
-  if (fn == nullptr) return "";
-  char* t = fn();
-  std::string s = t != nullptr ? t : "";
-  free(t);
-  return s;
-}
-
 // The count on the connections text's last line: endpoints gRPC shut
 // down and has not destroyed.
 long ShutDownHeld() {
@@ -602,15 +592,8 @@ TEST_F(E2eTest, AConnectionGrpcKeepsAfterShutdownIsLetGo) {
 // ends of this process's, saying what it is doing; the client's goes with
 // its channel.
 TEST_F(E2eTest, OpenConnectionsAreDescribed) {
-  using Fn = char* (*)();
-  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"));
-  ASSERT_NE(fn, nullptr);
-  auto text = [&] {
-    char* t = fn();
-    std::string s = t != nullptr ? t : "";
-    free(t);
-    return s;
-  };
+  ASSERT_NE(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"), nullptr);
+  auto text = [] { return ConnectionsText(); };
   const std::string client = "client rdma:127.0.0.1:" + std::to_string(port_) + " ";
   {
     auto stub = NewStub();

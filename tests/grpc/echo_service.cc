@@ -103,13 +103,8 @@ int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerC
   }
   // What the plugin still holds, for a case that failed (a connection
   // gRPC neither served nor closed says here how often it read and wrote).
-  using Fn = char* (*)();
-  if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"))) {
-    if (char* text = fn()) {
-      if (*text != '\0') fprintf(stderr, "serve: open when told to stop:\n%s", text);
-      free(text);
-    }
-  }
+  std::string open = ConnectionsText();
+  if (!open.empty()) fprintf(stderr, "serve: open when told to stop:\n%s", open.c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace_s));
   return 0;
 }
@@ -130,6 +125,16 @@ std::string Pattern(size_t n, uint32_t seed) {
     x = x * 1103515245u + 12345u;
     s[i] = static_cast<char>(x >> 24);
   }
+  return s;
+}
+
+std::string ConnectionsText() {
+  using Fn = char* (*)();
+  auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"));
+  if (fn == nullptr) return "";
+  char* t = fn();
+  std::string s = t != nullptr ? t : "";
+  free(t);
   return s;
 }
 

@@ -56,6 +56,11 @@ std::string Pattern(size_t n, uint32_t seed);
 // when the library is not in the process.
 std::map<std::string, int64_t> RdmaStats();
 
+// grpc_rdma_connections_text() (the RDMA connections the plugin holds,
+// docs/usage.md), found at run time; empty when the library is not in the
+// process or holds none.
+std::string ConnectionsText();
+
 }  // namespace grpc_rdma_test
 
 #endif  // GRPC_RDMA_TESTS_GRPC_ECHO_SERVICE_H_

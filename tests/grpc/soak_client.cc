@@ -341,14 +341,7 @@ int main(int argc, char** argv) {
   // What each open connection is doing, for the diagnosis; and endpoints
   // gRPC shut down and kept (gRPC's own leak: they hold no RDMA connection
   // and no pinned memory) are noted, not failed.
-  std::string open_text;
-  using Fn = char* (*)();
-  if (auto fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"))) {
-    if (char* text = fn()) {
-      open_text = text;
-      free(text);
-    }
-  }
+  const std::string open_text = grpc_rdma_test::ConnectionsText();
   if (st.empty()) t.Fail("grpc-rdma is not in this process (preload it)");
   else if (st["rdma_connections_open"] != 0 || st["pinned_bytes"] != 0) {
     t.Fail("10 s after the last channel went, the plugin still holds " +
