@@ -131,6 +131,9 @@ void Runtime::AgentMain() {
   uint64_t last_active = NowUs();
   epoll_event evs[64];
   for (;;) {
+    // Shared-memory segments for connections on their way (their route
+    // resolving): made here, with no lock held.
+    while (spares_wanted.load(std::memory_order_relaxed) > 0) CmPrepareSpares();
     int timeout_ms = 0;
     uint64_t first_due = 0;  // a CM event due before timeout_ms is over
     bool slept = false;

@@ -196,6 +196,8 @@ int rdma_destroy_id(rdma_cm_id* cid) {
     if (had_events && ch->q.empty()) (void)!recv(ch->ch.fd, &token, 1, MSG_DONTWAIT);
   }
   DropLink(id);
+  DropSpareWish(id);
+  ShmSegmentDiscard(&id->spare);
   for (Link* l : Rt().links)
     if (l->cm == id) l->cm = nullptr;
   auto& delayed = DelayedEvents();
@@ -307,6 +309,13 @@ int rdma_resolve_route(rdma_cm_id* cid, int) {
     pr->traffic_class = id->tos;
     pr->hop_limit = 64;
     id->state = CmState::kRoute;
+    // While the route resolves, the agent makes the shared-memory segment
+    // rdma_connect will offer (none to wait for: rdma_connect makes it).
+    if (GetConfig().use_shm && GetConfig().resolve_us > 0 && !id->spare_wanted &&
+        id->spare.p == nullptr) {
+      id->spare_wanted = true;
+      Rt().spares_wanted.fetch_add(1, std::memory_order_relaxed);
+    }
     PushEventLater(id, RDMA_CM_EVENT_ROUTE_RESOLVED);
   }
   return id->sync ? WaitSync(id, RDMA_CM_EVENT_ROUTE_RESOLVED) : 0;
@@ -421,7 +430,8 @@ int rdma_connect(rdma_cm_id* cid, rdma_conn_param* param) {
         qp->retry_cnt = param->retry_count > 7 ? 7 : param->retry_count;
       }
     }
-    if (LinkSetupShmInitiator(l)) {
+    DropSpareWish(id);
+    if (LinkSetupShmInitiator(l, &id->spare)) {
       r.shm_offer = 1;
       snprintf(r.offer.name, sizeof(r.offer.name), "%s", l->shm_name.c_str());
       r.offer.nonce = l->shm_nonce;

@@ -48,6 +48,10 @@ struct CmId {
   bool ep_qp = false;
   ibv_qp_init_attr ep_attr{};
   ibv_pd* ep_pd = nullptr;
+  // A shared-memory segment made ready by the agent while the route
+  // resolves, for rdma_connect's link (OnSpares); spare_wanted while asked.
+  bool spare_wanted = false;
+  ShmSegment spare;
 };
 
 constexpr size_t kReqPdata = 56;   // RDMA_PS_TCP REQ private data
@@ -140,6 +144,7 @@ ibv_ah_attr CmAddressVector(const CmId* id);
 void ConnectQp(CmId* id, const rdma_conn_param& mine);
 void LinkUp(CmId* id);
 void DropLink(CmId* id);
+void DropSpareWish(CmId* id);  // the agent makes no segment for it any more
 // A connected id's DISCONNECTED (and its CM-managed QP to error).
 void Disconnected(CmId* id);
 

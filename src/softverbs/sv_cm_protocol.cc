@@ -293,6 +293,12 @@ void LinkUp(CmId* id) {
   if (l->qp != nullptr) QpLinkUpLocked(l->qp);
 }
 
+void DropSpareWish(CmId* id) {
+  if (!id->spare_wanted) return;
+  id->spare_wanted = false;
+  Rt().spares_wanted.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void DropLink(CmId* id) {
   if (Link* l = id->link) {
     id->link = nullptr;
@@ -565,8 +571,30 @@ void OnTimers(uint64_t now) {
   }
 }
 
+// Makes one shared-memory segment for an id that waits for its route
+// (rdma_resolve_route asked for it), without the runtime lock: its
+// rdma_connect then finds the pages reserved instead of reserving them
+// itself, under the lock, on the connection's way. An id that no longer
+// wants it (connected, destroyed) leaves it to the next one, or it goes.
+void OnSpares() {
+  ShmSegment s;
+  const bool made = ShmSegmentPrepare(&s);
+  std::lock_guard<std::mutex> g(Rt().mu);
+  for (CmId* id : Ids()) {
+    if (!id->spare_wanted) continue;
+    id->spare_wanted = false;
+    Rt().spares_wanted.fetch_sub(1, std::memory_order_relaxed);
+    if (made) id->spare = s;  // else rdma_connect tries for itself, as without
+    return;
+  }
+  // No id wants one (every wish is dropped under mu, as it is counted):
+  // nothing is left to make.
+  Rt().spares_wanted.store(0, std::memory_order_relaxed);
+  ShmSegmentDiscard(&s);
+}
+
 __attribute__((constructor)) void InstallHooks() {
-  SetCmHooks(CmHooks{OnListener, OnCtl, OnLinkDead, OnDisconnectFrame, OnTimers});
+  SetCmHooks(CmHooks{OnListener, OnCtl, OnLinkDead, OnDisconnectFrame, OnTimers, OnSpares});
 }
 
 }  // namespace

@@ -191,15 +191,15 @@ Link* NewLink(int fd, bool initiator) {
   return l;
 }
 
-bool LinkSetupShmInitiator(Link* l) {
+bool ShmSegmentPrepare(ShmSegment* out) {
   const Config& c = GetConfig();
   if (!c.use_shm) return false;
   static std::atomic<uint32_t> counter{0};
   std::random_device rd;
-  l->shm_nonce = (static_cast<uint64_t>(rd()) << 32) | rd();
+  const uint64_t nonce = (static_cast<uint64_t>(rd()) << 32) | rd();
   char name[48];
   snprintf(name, sizeof(name), "/softverbs-%d-%u-%08x", getpid(), counter.fetch_add(1),
-           static_cast<unsigned>(l->shm_nonce));
+           static_cast<unsigned>(nonce));
   int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     Trace("shm_open(%s): %s; using TCP", name, strerror(errno));
@@ -218,7 +218,7 @@ bool LinkSetupShmInitiator(Link* l) {
     return false;
   }
   auto* seg = static_cast<ShmSeg*>(p);
-  seg->nonce = l->shm_nonce;
+  seg->nonce = nonce;
   seg->ring_bytes = c.ring_bytes;
   for (int i = 0; i < 2; ++i) {
     ShmRing& r = seg->ring[i];
@@ -233,9 +233,29 @@ bool LinkSetupShmInitiator(Link* l) {
   }
   std::atomic_thread_fence(std::memory_order_release);
   seg->magic = kShmMagic;
-  l->shm_name = name;
-  l->shm = p;
-  l->shm_size = size;
+  out->name = name;
+  out->nonce = nonce;
+  out->p = p;
+  out->size = size;
+  return true;
+}
+
+void ShmSegmentDiscard(ShmSegment* s) {
+  if (s->p == nullptr) return;
+  shm_unlink(s->name.c_str());
+  munmap(s->p, s->size);
+  s->p = nullptr;
+}
+
+bool LinkSetupShmInitiator(Link* l, ShmSegment* prepared) {
+  ShmSegment own;
+  ShmSegment* s = prepared != nullptr && prepared->p != nullptr ? prepared : &own;
+  if (s == &own && !ShmSegmentPrepare(&own)) return false;
+  l->shm_nonce = s->nonce;
+  l->shm_name = s->name;
+  l->shm = s->p;
+  l->shm_size = s->size;
+  s->p = nullptr;  // the link's now
   OpenDoorbell(l, 'i');  // before the offer: the peer may ring once it is up
   return true;
 }

@@ -215,4 +215,7 @@ void CmDisconnectFrame(Link* l) {
 void CmTimersLocked(uint64_t now) {
   if (g_cm_hooks.timers) g_cm_hooks.timers(now);
 }
+void CmPrepareSpares() {
+  if (g_cm_hooks.spares) g_cm_hooks.spares();
+}
 }  // namespace softverbs

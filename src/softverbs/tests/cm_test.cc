@@ -1,6 +1,7 @@
 // softverbs' librdmacm: the event sequences of rdma_cm(7), private data at
 // InfiniBand sizes, rejects, separate port spaces, and a peer that dies.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -441,6 +442,75 @@ TEST(Cm, PrivateDataLimits) {
   p.private_data_len = 57;
   EXPECT_EQ(rdma_connect(c.id, &p), -1);
   EXPECT_EQ(errno, EINVAL);
+}
+
+// This process's shared-memory segments in /dev/shm ("softverbs-PID-..."):
+// made for a connect and not yet taken (unlinked) by the accepting side.
+int OurSegments() {
+  const std::string prefix = "softverbs-" + std::to_string(getpid()) + "-";
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+    closedir(d);
+  }
+  return n;
+}
+
+// Waits up to 5 s for OurSegments() to be `want`; returns what it is.
+int AwaitSegments(int want) {
+  int n = OurSegments();
+  for (int i = 0; i < 500 && n != want; ++i) {
+    usleep(10000);
+    n = OurSegments();
+  }
+  return n;
+}
+
+// The shared-memory wire's segment is made by the agent while the route
+// resolves (SOFTVERBS_RESOLVE_US), not by rdma_connect under the runtime
+// lock; rdma_connect offers that one, and an id destroyed before it
+// connects leaves none behind.
+TEST(Cm, TheWiresSegmentIsMadeWhileTheRouteResolvesAndNeverLeftBehind) {
+  const char* shm_env = getenv("SOFTVERBS_SHM");
+  const int spare = shm_env != nullptr && strcmp(shm_env, "0") == 0 ? 0 : 1;
+  Listener l;
+  ASSERT_TRUE(l.Start());
+  const int base = OurSegments();
+  {
+    Client c;
+    ASSERT_TRUE(c.Resolve(l.port));
+    EXPECT_EQ(AwaitSegments(base + spare), base + spare) << "made while the route resolved";
+  }
+  EXPECT_EQ(AwaitSegments(base), base) << "an id destroyed before connecting left its segment";
+
+  Client c;
+  ASSERT_TRUE(c.Resolve(l.port));
+  ASSERT_EQ(AwaitSegments(base + spare), base + spare);
+  ibv_qp_init_attr qa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(c.id, nullptr, &qa), 0);
+  ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
+  EXPECT_EQ(OurSegments(), base + spare) << "rdma_connect made a segment of its own";
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(e, nullptr);
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr sa = QpAttr();
+  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
+  ASSERT_EQ(rdma_accept(child, nullptr), 0);
+  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(e, nullptr);
+  rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
+  ASSERT_NE(e, nullptr);
+  rdma_ack_cm_event(e);
+  EXPECT_EQ(AwaitSegments(base), base) << "the accepting side took the segment";
+  rdma_disconnect(c.id);
+  e = Expect(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  rdma_destroy_qp(child);
+  rdma_destroy_id(child);
 }
 
 TEST(Cm, TcpAndRdmaCmShareAnAddressAndPort) {
