@@ -533,15 +533,16 @@ void EngineImpl::HandleCmEventLocked(rdma_cm_event* e, void* listener, Deferred*
         return FailConnectLocked(c.get(), absl::UnavailableError(why), d);
       if (absl::Status s = SetTosLocked(e->id); !s.ok()) return FailConnectLocked(c.get(), s, d);
       if (rdma_resolve_route(e->id, options.connect_timeout_ms) != 0)
-        FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_route"), d);
+        return FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_route"), d);
+      // The device is bound: PD, CQ, QP and receive buffers are made while
+      // the route resolves (a path query on InfiniBand), not after it.
+      if (absl::Status s = c->SetupLocked(); !s.ok()) return FailConnectLocked(c.get(), s, d);
+      WatchAsyncLocked(e->id->verbs);
+      WatchLocked(c.get());
       return;
     case RDMA_CM_EVENT_ROUTE_RESOLVED: {
       if (const char* why = WrongPathLocked(e->id, "the server's address"))
         return FailConnectLocked(c.get(), absl::UnavailableError(why), d);
-      absl::Status s = c->SetupLocked();
-      if (s.ok()) WatchAsyncLocked(e->id->verbs);
-      if (!s.ok()) return FailConnectLocked(c.get(), s, d);
-      WatchLocked(c.get());
       wire::Hello mine = c->MyHello();
       rdma_conn_param p = ConnParam(&mine);
       if (rdma_connect(e->id, &p) != 0)
