@@ -33,7 +33,8 @@ constexpr uint64_t kTagShared = 3;
 }  // namespace
 
 absl::Status EngineImpl::Start() {
-  ASSIGN_OR_RETURN(events_, CreateEventChannel());
+  // Non-blocking: see TakeCmEventsLocked.
+  ASSIGN_OR_RETURN(events_, CreateEventChannel(/*nonblocking=*/true));
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (epfd_ < 0 || wake_fd_ < 0) return ErrnoStatus(errno, "epoll_create1/eventfd");
@@ -54,9 +55,16 @@ absl::Status EngineImpl::Start() {
   return absl::OkStatus();
 }
 
+// Takes what is queued, and never waits for more: the channel is
+// non-blocking. It once was checked readable (poll) and then read with a
+// blocking rdma_get_cm_event, under mu: when the one queued event was
+// taken back in between by rdma_destroy_id of its id (a connection the
+// engine dropped, destroyed after mu was let go, on the other thread that
+// handles events), the read waited, mu held, for the next CM event, and
+// every connection of the process with it (a half-open flood's honest
+// client timed out waiting for the server's SETTINGS).
 void EngineImpl::TakeCmEventsLocked(Deferred* d) {
-  pollfd p{events_->fd, POLLIN, 0};
-  while (poll(&p, 1, 0) == 1) {
+  for (;;) {
     rdma_cm_event* e = nullptr;
     if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) break;
     // Copy what we need, then ack before acting (acting may destroy ids).

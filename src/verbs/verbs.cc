@@ -48,10 +48,18 @@ void ReleaseQp(ibv_qp* p) {
 
 }  // namespace internal
 
-absl::StatusOr<EventChannel> CreateEventChannel() {
+absl::StatusOr<EventChannel> CreateEventChannel(bool nonblocking) {
   rdma_event_channel* ch = rdma_create_event_channel();
   if (absl::Status s = CheckErrno(ch == nullptr, "rdma_create_event_channel"); !s.ok()) return s;
-  return EventChannel(ch);
+  EventChannel owned(ch);
+  if (nonblocking) {
+    int fl = fcntl(ch->fd, F_GETFL);
+    if (absl::Status s = CheckErrno(fl < 0 || fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) != 0,
+                                    "fcntl(O_NONBLOCK) on the RDMA CM event channel");
+        !s.ok())
+      return s;
+  }
+  return owned;
 }
 
 absl::StatusOr<CmId> CreateCmId(rdma_event_channel* channel, void* context) {

@@ -76,7 +76,12 @@ using Cq = Handle<ibv_cq, internal::ReleaseCq>;  // every event it reported must
 // (as librdmacm allows); id->qp is stale after that, so do not use it.
 using Qp = Handle<ibv_qp, internal::ReleaseQp>;
 
-absl::StatusOr<EventChannel> CreateEventChannel();
+// `nonblocking`: rdma_get_cm_event on it never blocks (-1, EAGAIN when
+// nothing is queued). A reader that polls the fd first still needs it: the
+// event that made the fd readable can be gone before the read, taken back
+// by rdma_destroy_id of its id on another thread (the kernel's rdma_cm does
+// the same), and a blocking read would then wait for the next event.
+absl::StatusOr<EventChannel> CreateEventChannel(bool nonblocking = false);
 // `context` is stored in id->context.
 absl::StatusOr<CmId> CreateCmId(rdma_event_channel* channel, void* context);
 absl::StatusOr<Pd> AllocPd(ibv_context* ctx);

@@ -4,6 +4,11 @@
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
 
 #include <cerrno>
 #include <string>
@@ -148,6 +153,48 @@ TEST(Owners, CreateInOrderReleaseInReverse) {
     Pd again = std::move(*pd);
     EXPECT_EQ(again.get(), raw);
   }
+}
+
+// The engine's channel: polled readable, its one event then taken back by
+// rdma_destroy_id of the event's id (as the engine's other event thread
+// destroys a dropped connection's id), a read must say EAGAIN, not wait for
+// the next event with the engine's lock held.
+TEST(Owners, ANonBlockingChannelDoesNotWaitWhenItsEventIsTakenBack) {
+  auto ch = CreateEventChannel(/*nonblocking=*/true);
+  ASSERT_TRUE(ch.ok()) << ch.status();
+  auto id = CreateCmId(ch->get(), nullptr);
+  ASSERT_TRUE(id.ok()) << id.status();
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(40998);
+  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  ASSERT_EQ(rdma_resolve_addr(id->get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 1000), 0);
+  pollfd p{(*ch)->fd, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "ADDR_RESOLVED never came";
+  id->reset();  // rdma_destroy_id: its queued event goes with it
+  std::promise<std::pair<int, int>> done;
+  auto got = done.get_future();
+  std::thread reader([&] {
+    rdma_cm_event* e = nullptr;
+    int r = rdma_get_cm_event(ch->get(), &e);
+    int err = errno;
+    if (r == 0) rdma_ack_cm_event(e);
+    done.set_value({r, err});
+  });
+  const bool returned = got.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  if (!returned) {
+    // Blocked: an event of a new id lets the reader go, and the test fails.
+    auto other = CreateCmId(ch->get(), nullptr);
+    ASSERT_TRUE(other.ok());
+    ASSERT_EQ(rdma_resolve_addr(other->get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 1000),
+              0);
+    reader.join();
+    FAIL() << "rdma_get_cm_event waited for the next event";
+  }
+  reader.join();
+  auto [r, err] = got.get();
+  EXPECT_EQ(r, -1);
+  EXPECT_EQ(err, EAGAIN) << strerror(err);
 }
 
 TEST(Owners, ErrorsNameTheCall) {
