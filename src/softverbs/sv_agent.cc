@@ -131,13 +131,16 @@ void Runtime::AgentMain() {
   uint64_t last_active = NowUs();
   epoll_event evs[64];
   for (;;) {
-    // Shared-memory segments for connections on their way (their route
-    // resolving): made here, with no lock held.
-    while (spares_wanted.load(std::memory_order_relaxed) > 0) CmPrepareSpares();
+    // A shared-memory segment for a connection on its way (its route
+    // resolving), made here with no lock held; one per round, so CM events
+    // and doorbells are not held up behind many, and no sleep while more
+    // are wanted.
+    if (spares_wanted.load(std::memory_order_relaxed) > 0) CmPrepareSpares();
     int timeout_ms = 0;
     uint64_t first_due = 0;  // a CM event due before timeout_ms is over
     bool slept = false;
-    if (NowUs() - last_active >= static_cast<uint64_t>(spin_us)) {
+    if (NowUs() - last_active >= static_cast<uint64_t>(spin_us) &&
+        spares_wanted.load(std::memory_order_relaxed) == 0) {
       agent_waiting.fetch_add(1, std::memory_order_relaxed);
       std::unique_lock<std::mutex> g(mu);
       agent_waiting.fetch_sub(1, std::memory_order_relaxed);

@@ -173,7 +173,10 @@ int rdma_destroy_id(rdma_cm_id* cid) {
   CmId* id = ToId(cid);
   std::unique_lock<std::mutex> lk(Rt().mu);
   id->acked.wait(lk, [&] { return id->unacked == 0; });
-  Ids().erase(id);
+  // Not in the set: an id the child of a fork inherited. Its segment (a
+  // wish counted in the parent's runtime, a name the parent will offer)
+  // stays the parent's.
+  const bool ours = Ids().erase(id) == 1;
   // Undelivered events of this id go away with it, and so does the
   // readability they gave the channel fd (as the kernel does), so a thread
   // blocked on the channel stays blocked instead of waking to nothing.
@@ -196,8 +199,10 @@ int rdma_destroy_id(rdma_cm_id* cid) {
     if (had_events && ch->q.empty()) (void)!recv(ch->ch.fd, &token, 1, MSG_DONTWAIT);
   }
   DropLink(id);
-  DropSpareWish(id);
-  ShmSegmentDiscard(&id->spare);
+  if (ours) {
+    DropSpareWish(id);
+    ShmSegmentDiscard(&id->spare);
+  }
   for (Link* l : Rt().links)
     if (l->cm == id) l->cm = nullptr;
   auto& delayed = DelayedEvents();
