@@ -41,7 +41,7 @@
 #   no-device  TF_RDMA_DEV_NAME names an absent device: at the default
 #              verbosity, one ERROR line says RDMA is off and why; TCP
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
-#   half-open-flood  (by hand only, see EXTRA_CASES) a server limited to
+#   half-open-flood  a server limited to
 #              1,024 descriptors and a peer
 #              that opens 300 RDMA connections it never completes (CM
 #              request, no RTU; engine_peer_test's half-open child): the
@@ -57,13 +57,7 @@ set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
        device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
-       roce-settings device-returns)
-# Cases run by hand only (--case NAME), not listed for CTest: half-open-flood
-# failed 2 times in about 40 under load (an honest client's connection up on
-# its side, the server never answering; docs/reliability.md, "Open"), and
-# a flaky test cannot gate landings. EnginePeers.HalfOpenConnectionsPastTheCap
-# DropTheOldest checks the cap itself in CI.
-EXTRA_CASES=(half-open-flood)
+       roce-settings device-returns half-open-flood)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
