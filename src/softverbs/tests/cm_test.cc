@@ -102,6 +102,35 @@ ibv_qp_init_attr QpAttr() {
   return a;
 }
 
+// After the client's rdma_connect: the listener's request accepted with a
+// QP of its own, ESTABLISHED on both sides. The accepted id, or null (a
+// failure added).
+rdma_cm_id* AcceptNext(Listener& l, Client& c) {
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+  if (e == nullptr) return nullptr;
+  rdma_cm_id* child = e->id;
+  rdma_ack_cm_event(e);
+  ibv_qp_init_attr sa = QpAttr();
+  if (rdma_create_qp(child, nullptr, &sa) != 0 || rdma_accept(child, nullptr) != 0) {
+    ADD_FAILURE() << "cannot accept: " << strerror(errno);
+    return nullptr;
+  }
+  for (rdma_event_channel* ch : {c.ch, l.ch}) {
+    e = Expect(ch, RDMA_CM_EVENT_ESTABLISHED);
+    if (e) rdma_ack_cm_event(e);
+  }
+  return child;
+}
+
+// The client disconnects; the accepted side sees it and goes.
+void Close(Listener& l, Client& c, rdma_cm_id* child) {
+  rdma_disconnect(c.id);
+  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
+  if (e) rdma_ack_cm_event(e);
+  rdma_destroy_qp(child);
+  rdma_destroy_id(child);
+}
+
 TEST(Cm, ConnectTransferDisconnectWithPrivateData) {
   Listener l;
   ASSERT_TRUE(l.Start());
@@ -247,27 +276,14 @@ TEST(Cm, AckTimeoutOptionReachesTheQp) {
   ASSERT_EQ(rdma_init_qp_attr(c.id, &a, &mask), 0);
   EXPECT_EQ(a.timeout, 21);
   ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
-  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-  ASSERT_NE(e, nullptr);
-  rdma_cm_id* child = e->id;
-  rdma_ack_cm_event(e);
-  ibv_qp_init_attr sa = QpAttr();
-  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
-  ASSERT_EQ(rdma_accept(child, nullptr), 0);
-  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
-  if (e) rdma_ack_cm_event(e);
-  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
-  if (e) rdma_ack_cm_event(e);
+  rdma_cm_id* child = AcceptNext(l, c);
+  ASSERT_NE(child, nullptr);
   ibv_qp_init_attr init{};
   ASSERT_EQ(ibv_query_qp(c.id->qp, &a, IBV_QP_TIMEOUT, &init), 0);
   EXPECT_EQ(a.timeout, 21) << "the connected QP's ACK timeout";
   ASSERT_EQ(ibv_query_qp(child->qp, &a, IBV_QP_TIMEOUT, &init), 0);
   EXPECT_EQ(a.timeout, 14) << "the other side keeps the default";
-  rdma_disconnect(c.id);
-  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
-  if (e) rdma_ack_cm_event(e);
-  rdma_destroy_qp(child);
-  rdma_destroy_id(child);
+  Close(l, c, child);
 }
 
 // RDMA_OPTION_ID_TOS: the traffic class reaches the path record and the
@@ -304,17 +320,8 @@ TEST(Cm, TosReachesThePathAndTheQp) {
   ibv_qp_init_attr qa = QpAttr();
   ASSERT_EQ(rdma_create_qp(c.id, nullptr, &qa), 0);
   ASSERT_EQ(rdma_connect(c.id, nullptr), 0);
-  e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-  ASSERT_NE(e, nullptr);
-  rdma_cm_id* child = e->id;
-  rdma_ack_cm_event(e);
-  ibv_qp_init_attr sa = QpAttr();
-  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
-  ASSERT_EQ(rdma_accept(child, nullptr), 0);
-  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
-  if (e) rdma_ack_cm_event(e);
-  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
-  if (e) rdma_ack_cm_event(e);
+  rdma_cm_id* child = AcceptNext(l, c);
+  ASSERT_NE(child, nullptr);
   ibv_qp_attr q{};
   ibv_qp_init_attr init{};
   ASSERT_EQ(ibv_query_qp(c.id->qp, &q, IBV_QP_AV, &init), 0);
@@ -322,11 +329,7 @@ TEST(Cm, TosReachesThePathAndTheQp) {
   EXPECT_EQ(q.ah_attr.is_global, 1);
   ASSERT_EQ(ibv_query_qp(child->qp, &q, IBV_QP_AV, &init), 0);
   EXPECT_EQ(q.ah_attr.grh.traffic_class, server_tos) << "the listener's, inherited";
-  rdma_disconnect(c.id);
-  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
-  if (e) rdma_ack_cm_event(e);
-  rdma_destroy_qp(child);
-  rdma_destroy_id(child);
+  Close(l, c, child);
 }
 
 // A client's source address and port space in the hints come back in the
@@ -497,27 +500,10 @@ TEST(Cm, TheWiresSegmentIsMadeWhileTheRouteResolvesAndNeverLeftBehind) {
   // agent) took it; one that rdma_connect made instead of offering the
   // spare would leave the spare behind (below).
   EXPECT_LE(OurSegments(), base + wire) << "rdma_connect made another segment than the spare";
-  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-  ASSERT_NE(e, nullptr);
-  rdma_cm_id* child = e->id;
-  rdma_ack_cm_event(e);
-  ibv_qp_init_attr sa = QpAttr();
-  ASSERT_EQ(rdma_create_qp(child, nullptr, &sa), 0);
-  ASSERT_EQ(rdma_accept(child, nullptr), 0);
-  e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
-  ASSERT_NE(e, nullptr);
-  rdma_ack_cm_event(e);
-  e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
-  ASSERT_NE(e, nullptr);
-  rdma_ack_cm_event(e);
+  rdma_cm_id* child = AcceptNext(l, c);
+  ASSERT_NE(child, nullptr);
   EXPECT_EQ(AwaitSegments(base), base) << "the accepting side took the segment, and no other is left";
-  rdma_disconnect(c.id);
-  e = Expect(c.ch, RDMA_CM_EVENT_DISCONNECTED);
-  if (e) rdma_ack_cm_event(e);
-  e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
-  if (e) rdma_ack_cm_event(e);
-  rdma_destroy_qp(child);
-  rdma_destroy_id(child);
+  Close(l, c, child);
 }
 
 TEST(Cm, TcpAndRdmaCmShareAnAddressAndPort) {
