@@ -15,10 +15,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <thread>
 
 #include "engine/engine_impl.h"
+#include "verbs/log.h"
 #include "verbs/status.h"
 
 namespace grpc_rdma {
@@ -66,7 +69,14 @@ absl::Status EngineImpl::Start() {
 void EngineImpl::TakeCmEventsLocked(Deferred* d) {
   for (;;) {
     rdma_cm_event* e = nullptr;
-    if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) break;
+    if (rdma_get_cm_event(events_.get(), &e) != 0 || e == nullptr) {
+      // Nothing queued (EAGAIN), or a failure to say: librdmacm fails
+      // with ENOMEM before reading, and the channel then stays readable.
+      static std::atomic<bool> said{false};
+      if (errno != EAGAIN && errno != EWOULDBLOCK && !said.exchange(true))
+        GRPC_RDMA_LOG_ERROR("cannot take an RDMA CM event: %s (said once)", strerror(errno));
+      break;
+    }
     // Copy what we need, then ack before acting (acting may destroy ids).
     rdma_cm_event copy = *e;
     uint8_t pdata[256];
@@ -135,8 +145,9 @@ void EngineImpl::TakeAsyncEventsLocked(ibv_context* ctx, Deferred* d, ConnImpl* 
 }
 
 // The poller thread and PollNow (a host event loop) may both be woken for
-// the same event: whoever comes second finds it gone, so nothing here
-// blocks on a source without checking it is readable first.
+// the same event: whoever comes second finds it gone, so every source read
+// here is non-blocking (a check that it is readable is not enough: what
+// made it readable can be gone before the read, see TakeCmEventsLocked).
 void EngineImpl::HandleEventListLocked(const epoll_event* evs, int n, bool take_wake,
                                        ConnList* ready, Deferred* d) {
   for (int i = 0; i < n; ++i) {

@@ -185,10 +185,11 @@ TEST(Owners, ANonBlockingChannelDoesNotWaitWhenItsEventIsTakenBack) {
   if (!returned) {
     // Blocked: an event of a new id lets the reader go, and the test fails.
     auto other = CreateCmId(ch->get(), nullptr);
-    ASSERT_TRUE(other.ok());
-    ASSERT_EQ(rdma_resolve_addr(other->get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 1000),
-              0);
-    reader.join();
+    const bool pushed =
+        other.ok() &&
+        rdma_resolve_addr(other->get(), nullptr, reinterpret_cast<sockaddr*>(&dst), 1000) == 0;
+    if (pushed) reader.join();
+    else reader.detach();  // nothing can let it go: leave it blocked
     FAIL() << "rdma_get_cm_event waited for the next event";
   }
   reader.join();

@@ -41,8 +41,7 @@
 #   no-device  TF_RDMA_DEV_NAME names an absent device: at the default
 #              verbosity, one ERROR line says RDMA is off and why; TCP
 #   trace      GRPC_TRACE=rdma logs the connection's life on both sides
-#   half-open-flood  a server limited to
-#              1,024 descriptors and a peer
+#   half-open-flood  a server limited to 1,024 descriptors and a peer
 #              that opens 300 RDMA connections it never completes (CM
 #              request, no RTU; engine_peer_test's half-open child): the
 #              server keeps at most its half-open cap of them (one more

@@ -122,11 +122,13 @@ rdma_cm_id* AcceptNext(Listener& l, Client& c) {
   return child;
 }
 
-// The client disconnects; the accepted side sees it and goes.
+// The client disconnects; both sides see it, and the accepted side goes.
 void Close(Listener& l, Client& c, rdma_cm_id* child) {
   rdma_disconnect(c.id);
-  rdma_cm_event* e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED);
-  if (e) rdma_ack_cm_event(e);
+  for (rdma_event_channel* ch : {c.ch, l.ch}) {
+    rdma_cm_event* e = Expect(ch, RDMA_CM_EVENT_DISCONNECTED);
+    if (e) rdma_ack_cm_event(e);
+  }
   rdma_destroy_qp(child);
   rdma_destroy_id(child);
 }
