@@ -212,9 +212,19 @@ bool RdmaAddressFor(Server* s, const grpc_resolved_address* addr, int port, sock
   return Runtime::Get()->engine() != nullptr;
 }
 
-// RDMA CM listens at `sin` for the server's port `port_index`; false (and
-// an ERROR line) when it cannot, and the port then serves TCP only.
-bool ListenRdma(Server* s, sockaddr_in sin, unsigned port_index) {
+// The ERROR line for a port RDMA CM could not listen on, said once TCP
+// serves it (when TCP cannot either, gRPC's own error says why, and a line
+// saying the port serves TCP would be wrong).
+void SayTcpOnly(const sockaddr_in& sin, const absl::Status& why) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
+  gpr_log(GPR_ERROR, "grpc_rdma: cannot listen on RDMA CM %s:%d (%s): this port serves TCP only",
+          ip, ntohs(sin.sin_port), std::string(why.message()).c_str());
+}
+
+// RDMA CM listens at `sin` for the server's port `port_index`; why not,
+// for SayTcpOnly once TCP has the port.
+absl::Status ListenRdma(Server* s, sockaddr_in sin, unsigned port_index) {
   std::weak_ptr<AcceptState> weak = s->as;
   absl::StatusOr<uint16_t> port =
       Runtime::Get()->engine()->Listen(sin, [weak, port_index](std::shared_ptr<Connection> c) {
@@ -224,19 +234,15 @@ bool ListenRdma(Server* s, sockaddr_in sin, unsigned port_index) {
           c->Shutdown(absl::UnavailableError("server shut down"));
         }
       });
+  if (!port.ok()) return port.status();
   char ip[INET_ADDRSTRLEN] = "?";
   inet_ntop(AF_INET, &sin.sin_addr, ip, sizeof(ip));
-  if (!port.ok()) {
-    gpr_log(GPR_ERROR, "grpc_rdma: cannot listen on RDMA CM %s:%d (%s): this port serves TCP only",
-            ip, ntohs(sin.sin_port), std::string(port.status().message()).c_str());
-    return false;
-  }
   GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, ntohs(sin.sin_port));
   sin.sin_port = htons(*port);
   Runtime::Get()->AcquirePolling();
   std::lock_guard<std::mutex> g(s->mu);
   s->rdma_listeners.push_back(sin);
-  return true;
+  return absl::OkStatus();
 }
 
 int RequestedPort(const grpc_resolved_address* addr) {
@@ -263,10 +269,10 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
       std::lock_guard<std::mutex> g(s->mu);
       port_index = s->ports_added;  // taken once TCP has it too
     }
-    bool listening = ListenRdma(s, sin, port_index);
+    absl::Status rdma = ListenRdma(s, sin, port_index);
     grpc_error_handle err = Tcp()->add_port(s->tcp, addr, out_port);
     if (!err.ok()) {
-      if (listening) {
+      if (rdma.ok()) {
         Runtime::Get()->engine()->StopListening(sin);
         Runtime::Get()->ReleasePolling();
         std::lock_guard<std::mutex> g(s->mu);
@@ -274,6 +280,7 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
       }
       return err;
     }
+    if (!rdma.ok()) SayTcpOnly(sin, rdma);
     std::lock_guard<std::mutex> g(s->mu);
     ++s->ports_added;
     return err;
@@ -285,7 +292,9 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
     std::lock_guard<std::mutex> g(s->mu);
     port_index = s->ports_added++;
   }
-  if (RdmaAddressFor(s, addr, *out_port, &sin)) ListenRdma(s, sin, port_index);
+  if (RdmaAddressFor(s, addr, *out_port, &sin)) {
+    if (absl::Status rdma = ListenRdma(s, sin, port_index); !rdma.ok()) SayTcpOnly(sin, rdma);
+  }
   return err;
 }
 

@@ -686,6 +686,45 @@ TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
   EXPECT_TRUE(fallback && timeout && ports) << lines.size() << " lines logged";
 }
 
+// A second server on the fixture's port, without SO_REUSEPORT: RDMA CM
+// cannot listen there (the first server does) and TCP cannot bind it. gRPC
+// says the port could not be added; the plugin must not claim the port
+// serves TCP, as it did when it logged before TCP's bind was tried.
+TEST_F(E2eTest, APortNeitherTransportCanHaveIsNotSaidToServeTcp) {
+  std::vector<std::string> lines;
+  {
+    std::lock_guard<std::mutex> l(g_log_mu);
+    g_log_lines = &lines;
+  }
+  gpr_set_log_function([](gpr_log_func_args* a) {
+    std::lock_guard<std::mutex> l(g_log_mu);
+    if (g_log_lines != nullptr) g_log_lines->push_back(a->message);
+  });
+  EchoService service;
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort("127.0.0.1:" + std::to_string(port_), grpc::InsecureServerCredentials(),
+                     &port);
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  b.RegisterService(&service);
+  std::unique_ptr<grpc::Server> second = b.BuildAndStart();
+  gpr_set_log_function(nullptr);
+  std::lock_guard<std::mutex> l(g_log_mu);
+  g_log_lines = nullptr;
+  EXPECT_EQ(second, nullptr) << "the port is taken";
+  EXPECT_EQ(port, 0);
+  bool tcp_only = false, rdma_said = false;
+  for (const std::string& line : lines) {
+    tcp_only |= line.find("serves TCP only") != std::string::npos;
+    rdma_said |= line.find("cannot listen on RDMA CM") != std::string::npos;
+  }
+  EXPECT_FALSE(tcp_only) << "a port that serves nothing was said to serve TCP";
+  EXPECT_FALSE(rdma_said);
+  EXPECT_GT(lines.size(), 0u) << "gRPC says why the port could not be added";
+  // The first server still serves, over RDMA.
+  ASSERT_TRUE(CallOnce("127.0.0.1:" + std::to_string(port_), BigMessageArgs()).ok());
+}
+
 TEST_F(E2eTest, ServerShutdownMidStream) {
   EchoService service;
   int port = 0;
