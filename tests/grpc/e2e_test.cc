@@ -593,7 +593,6 @@ TEST_F(E2eTest, AConnectionGrpcKeepsAfterShutdownIsLetGo) {
 // its channel.
 TEST_F(E2eTest, OpenConnectionsAreDescribed) {
   ASSERT_NE(dlsym(RTLD_DEFAULT, "grpc_rdma_connections_text"), nullptr);
-  auto text = [] { return ConnectionsText(); };
   const std::string client = "client rdma:127.0.0.1:" + std::to_string(port_) + " ";
   {
     auto stub = NewStub();
@@ -602,7 +601,7 @@ TEST_F(E2eTest, OpenConnectionsAreDescribed) {
     grpc::ClientContext ctx;
     ctx.set_deadline(Clock::now() + std::chrono::seconds(30));
     ASSERT_TRUE(stub->Unary(&ctx, req, &resp).ok());
-    std::string t = text();
+    std::string t = ConnectionsText();
     size_t at = t.find(client);
     ASSERT_NE(at, std::string::npos) << t;
     std::string line = t.substr(at, t.find('\n', at) - at);
@@ -614,7 +613,7 @@ TEST_F(E2eTest, OpenConnectionsAreDescribed) {
   }
   std::string t;
   for (int i = 0; i < 100; ++i) {
-    t = text();
+    t = ConnectionsText();
     if (t.find(client) == std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -655,24 +654,40 @@ TEST_F(E2eTest, AServerArgumentMakesOneOfItsPortsTcpOnly) {
 std::vector<std::string>* g_log_lines = nullptr;
 std::mutex g_log_mu;
 
-TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
-  std::vector<std::string> lines;
-  {
-    std::lock_guard<std::mutex> l(g_log_mu);
-    g_log_lines = &lines;
+// gRPC's log lines (the plugin's among them) from construction to Take().
+class LogCapture {
+ public:
+  LogCapture() {
+    {
+      std::lock_guard<std::mutex> l(g_log_mu);
+      g_log_lines = &lines_;
+    }
+    gpr_set_log_function([](gpr_log_func_args* a) {
+      std::lock_guard<std::mutex> l(g_log_mu);
+      if (g_log_lines != nullptr) g_log_lines->push_back(a->message);
+    });
   }
-  gpr_set_log_function([](gpr_log_func_args* a) {
+  ~LogCapture() { Take(); }
+  // Stops capturing; the lines seen.
+  std::vector<std::string> Take() {
+    gpr_set_log_function(nullptr);
     std::lock_guard<std::mutex> l(g_log_mu);
-    if (g_log_lines != nullptr) g_log_lines->push_back(a->message);
-  });
+    g_log_lines = nullptr;
+    return lines_;
+  }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
+  LogCapture capture;
   grpc::ChannelArguments bad = BigMessageArgs();
   bad.SetString("grpc.rdma.fallback", "sometimes");
   bad.SetInt("grpc.rdma.connect_timeout_ms", 0);
   bad.SetString("grpc.rdma.tcp_only_ports", "80,http");
   grpc::Status s = CallOnce("127.0.0.1:" + std::to_string(port_), bad);
-  gpr_set_log_function(nullptr);
-  std::lock_guard<std::mutex> l(g_log_mu);
-  g_log_lines = nullptr;
+  const std::vector<std::string> lines = capture.Take();
   ASSERT_TRUE(s.ok()) << s.error_message();
   ExpectRdma(1, 20000);
   bool fallback = false, timeout = false, ports = false;
@@ -691,15 +706,7 @@ TEST_F(E2eTest, ABadArgumentValueIsLoggedAndTheEnvironmentUsed) {
 // says the port could not be added; the plugin must not claim the port
 // serves TCP, as it did when it logged before TCP's bind was tried.
 TEST_F(E2eTest, APortNeitherTransportCanHaveIsNotSaidToServeTcp) {
-  std::vector<std::string> lines;
-  {
-    std::lock_guard<std::mutex> l(g_log_mu);
-    g_log_lines = &lines;
-  }
-  gpr_set_log_function([](gpr_log_func_args* a) {
-    std::lock_guard<std::mutex> l(g_log_mu);
-    if (g_log_lines != nullptr) g_log_lines->push_back(a->message);
-  });
+  LogCapture capture;
   EchoService service;
   grpc::ServerBuilder b;
   int port = 0;
@@ -708,9 +715,7 @@ TEST_F(E2eTest, APortNeitherTransportCanHaveIsNotSaidToServeTcp) {
   b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.RegisterService(&service);
   std::unique_ptr<grpc::Server> second = b.BuildAndStart();
-  gpr_set_log_function(nullptr);
-  std::lock_guard<std::mutex> l(g_log_mu);
-  g_log_lines = nullptr;
+  const std::vector<std::string> lines = capture.Take();
   EXPECT_EQ(second, nullptr) << "the port is taken";
   EXPECT_EQ(port, 0);
   bool tcp_only = false, rdma_said = false;
