@@ -78,20 +78,22 @@ grpc::Status EchoService::Sink(grpc::ServerContext*, grpc::ServerReader<Blob>* r
 
 std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port,
                                               grpc::Service* service,
-                                              std::shared_ptr<grpc::ServerCredentials> creds) {
+                                              std::shared_ptr<grpc::ServerCredentials> creds,
+                                              int max_idle_ms) {
   grpc::ServerBuilder b;
   b.AddListeningPort(addr, creds, port);
   b.RegisterService(service);
   b.SetMaxReceiveMessageSize(-1);
   b.SetMaxSendMessageSize(-1);
+  if (max_idle_ms > 0) b.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, max_idle_ms);
   return b.BuildAndStart();
 }
 
 int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                          int grace_s) {
+                          int grace_s, int max_idle_ms) {
   EchoService service;
   int port = 0;
-  auto server = StartEchoServer(addr, &port, &service, std::move(creds));
+  auto server = StartEchoServer(addr, &port, &service, std::move(creds), max_idle_ms);
   if (server == nullptr || port == 0) {
     fprintf(stderr, "cannot serve on %s\n", addr.c_str());
     return 1;

@@ -35,16 +35,19 @@ class EchoService final : public grpc_rdma::test::Echo::Service {
 };
 
 // A server with EchoService on `addr` ("127.0.0.1:0"); *port gets the port.
+// `max_idle_ms` > 0: GRPC_ARG_MAX_CONNECTION_IDLE_MS, the server closes a
+// connection that had no call for that long.
 std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port,
                                               grpc::Service* service,
                                               std::shared_ptr<grpc::ServerCredentials> creds =
-                                                  grpc::InsecureServerCredentials());
+                                                  grpc::InsecureServerCredentials(),
+                                              int max_idle_ms = 0);
 
 // Serves EchoService on `addr` for a test driver in another process: prints
 // "port N" on stdout, serves until stdin closes, then shuts down (grace
 // `grace_s` seconds). Returns the exit code (1: cannot listen).
 int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                          int grace_s);
+                          int grace_s, int max_idle_ms = 0);
 
 // Channel arguments that let the largest test messages through.
 grpc::ChannelArguments BigMessageArgs();

@@ -2,8 +2,10 @@
 // processes and network namespaces (tests/grpc/run_interop.sh). Public
 // grpc++ API only; grpc-rdma is preloaded or not, as the test wants.
 //
-//   echo_tool serve ADDR:PORT          prints "port N" and serves until
-//                                      stdin closes
+//   echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N]
+//                                      prints "port N" and serves until
+//                                      stdin closes; --max-idle-ms: closes a
+//                                      connection with no call for N ms
 //   echo_tool call TARGET [--tls CA HOST]  unary calls of several sizes on
 //                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
@@ -40,14 +42,15 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-int Serve(const std::string& addr, const std::string& cert, const std::string& key) {
+int Serve(const std::string& addr, const std::string& cert, const std::string& key,
+          int max_idle_ms) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!cert.empty()) {
     grpc::SslServerCredentialsOptions o;
     o.pem_key_cert_pairs.push_back({ReadFile(key), ReadFile(cert)});
     creds = grpc::SslServerCredentials(o);
   }
-  return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, 2);
+  return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, 2, max_idle_ms);
 }
 
 int Call(const std::string& target, const std::string& ca, const std::string& host) {
@@ -126,7 +129,7 @@ int Idle(const std::string& target, int seconds) {
 
 int Usage() {
   fprintf(stderr,
-          "usage: echo_tool serve ADDR:PORT [--tls CERT KEY]\n"
+          "usage: echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N]\n"
           "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
           "       echo_tool watch TARGET\n"
           "       echo_tool idle TARGET SECONDS\n");
@@ -138,6 +141,12 @@ int Usage() {
 int main(int argc, char** argv) {
   if (argc < 3) return Usage();
   std::string mode = argv[1], addr = argv[2], a, b;
+  int max_idle_ms = 0;
+  if (mode == "serve" && argc >= 5 && std::string(argv[argc - 2]) == "--max-idle-ms") {
+    max_idle_ms = atoi(argv[argc - 1]);
+    if (max_idle_ms <= 0) return Usage();
+    argc -= 2;
+  }
   if (argc == 6 && std::string(argv[3]) == "--tls") {
     a = argv[4];
     b = argv[5];
@@ -146,7 +155,7 @@ int main(int argc, char** argv) {
   } else if (argc != 3) {
     return Usage();
   }
-  if (mode == "serve") return Serve(addr, a, b);
+  if (mode == "serve") return Serve(addr, a, b, max_idle_ms);
   if (mode == "call") return Call(addr, a, b);
   if (mode == "watch") return Watch(addr);
   if (mode == "idle" && !a.empty() && b.empty()) return Idle(addr, atoi(a.c_str()));
