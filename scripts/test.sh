@@ -13,7 +13,8 @@
 #   3. the same suite again in build-asan/, built with AddressSanitizer and
 #      UndefinedBehaviorSanitizer;
 #   4. softverbs, the engine and their tests built with ThreadSanitizer in
-#      build-tsan/, abseil rebuilt instrumented (scripts/tsan.sh).
+#      build-tsan/, abseil rebuilt instrumented, and Debian's RDMA programs
+#      run on that softverbs (scripts/tsan.sh).
 #
 # Environment: GRPC_RDMA_SKIP_SANITIZERS=1 skips steps 3 and 4 (quicker
 # local runs).

@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # tsan.sh - softverbs, the engine and their tests built with ThreadSanitizer,
 # and run: every data race or lock-order inversion TSan sees in them fails.
+# Then Debian's RDMA programs (tests/thirdparty/run_thirdparty.sh, every
+# case) run on the instrumented softverbs: they are not instrumented
+# themselves, softverbs-run preloads TSan's runtime into them, so what TSan
+# checks there is softverbs as those programs drive it (its threads, locks
+# and memory, and the programs' pthread calls).
 #
 # Debian's abseil is not built with TSan, and TSan cannot see through an
 # uninstrumented absl::Mutex (it reports the accesses the mutex orders as
@@ -17,6 +22,7 @@
 # Environment:
 #   GRPC_RDMA_CACHE   as for setup.sh (where abseil's source and build go)
 #   TSAN_TESTS        test binaries to run (default: all of them, below)
+#   TSAN_THIRDPARTY   0: leave out the Debian programs (default 1)
 set -euo pipefail
 
 prog=tsan
@@ -59,10 +65,11 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_C_FLAGS=$tsan_flags" "-DCMAKE_CXX_FLAGS=$tsan_flags" \
   -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
   "-Dabsl_DIR=$absl_prefix/lib/cmake/absl" "-DGRPC_RDMA_GRPC_SOURCE_DIR=$grpc_src" \
+  -DGRPC_RDMA_SANITIZER_RUNTIMES=libtsan.so \
   -DGRPC_RDMA_BUILD_BENCHMARKS=OFF -DGRPC_RDMA_BUILD_EXAMPLES=OFF >"$build/tsan-configure.log" 2>&1 ||
   { tail -n 30 "$build/tsan-configure.log"; die "configure failed"; }
-log "building ${targets[*]}"
-cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$build/tsan-build.log" 2>&1 ||
+log "building ${targets[*]} softverbs"
+cmake --build "$build" -j "$jobs" --target "${targets[@]}" softverbs >"$build/tsan-build.log" 2>&1 ||
   { grep -E 'error|Error' "$build/tsan-build.log" | head -n 30; die "build failed"; }
 
 # --- run -----------------------------------------------------------------------
@@ -91,8 +98,41 @@ for t in ${TSAN_TESTS:-"${targets[@]}"}; do
     grep -m1 -A30 'WARNING: ThreadSanitizer' "$out" >&2 || tail -n 30 "$out" >&2
   fi
 done
+
+# --- Debian's RDMA programs on the instrumented softverbs ---------------------------
+# Each process's reports go to a file of its own (log_path): a report in a
+# server the case then stops, or one the program's exit status hides, still
+# fails the run.
+ran_thirdparty=0
+if [[ ${TSAN_THIRDPARTY:-1} != 0 ]]; then
+  ran_thirdparty=1
+  reports=$build/thirdparty-tsan
+  rm -rf "$reports" && mkdir -p "$reports"
+  start=$SECONDS
+  if TSAN_OPTIONS="$TSAN_OPTIONS log_path=$reports/report" \
+      "$repo/tests/thirdparty/run_thirdparty.sh" --launcher "$build/softverbs/softverbs-run" \
+      >"$build/thirdparty.tsan.log" 2>&1; then
+    tp_ok=1
+  else
+    tp_ok=0
+  fi
+  summary=$(tail -n 1 "$build/thirdparty.tsan.log")
+  if [[ $tp_ok == 1 ]] && ! compgen -G "$reports/report*" >/dev/null; then
+    log "ok Debian's RDMA programs ($((SECONDS - start)) s): $summary"
+  else
+    failed+=("thirdparty")
+    log "FAIL Debian's RDMA programs ($((SECONDS - start)) s): $summary; log: $build/thirdparty.tsan.log"
+    grep -E '^FAIL' "$build/thirdparty.tsan.log" | head -n 10 >&2 || true
+    for r in "$reports"/report*; do
+      [[ -e $r ]] || continue
+      log "report $r:"
+      head -n 40 "$r" >&2
+      break
+    done
+  fi
+fi
 if [[ ${#failed[@]} -gt 0 ]]; then
   log "failed under ThreadSanitizer: ${failed[*]}"
   exit 1
 fi
-log "all ${#targets[@]} test binaries passed under ThreadSanitizer, no reports"
+log "all ${#targets[@]} test binaries$([[ $ran_thirdparty == 1 ]] && echo " and Debian's RDMA programs") passed under ThreadSanitizer, no reports"
