@@ -466,8 +466,11 @@ int Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 3 && std::string(argv[1]) == "serve")
-    return grpc_rdma_test::ServeUntilStdinCloses(argv[2], grpc::InsecureServerCredentials(), 1);
+  if (argc >= 3 && std::string(argv[1]) == "serve") {
+    grpc_rdma_test::ServeOptions o;
+    o.grace_s = 1;
+    return grpc_rdma_test::ServeUntilStdinCloses(argv[2], grpc::InsecureServerCredentials(), o);
+  }
   if (argc < 3 || std::string(argv[1]) != "run") return Usage();
   Args a;
   for (int i = 2; i < argc; ++i) {

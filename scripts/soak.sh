@@ -6,7 +6,8 @@
 # calls and giving some deadlines too short, the server killed and
 # restarted or stopped and continued every ~30 s until the last tenth of
 # the run, every byte checked; then nothing may be left held (connections,
-# pinned memory, descriptors, threads) and a new client must ride RDMA.
+# pinned memory, descriptors, threads, heap in use) and a new client must
+# ride RDMA.
 # CI runs short versions (grpc.soak.*); docs/reliability.md has figures.
 #
 # Usage: scripts/soak.sh [--minutes N] [run_soak.sh options]

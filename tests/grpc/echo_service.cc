@@ -1,10 +1,12 @@
 #include "echo_service.h"
 
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -89,25 +91,48 @@ std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port
   return b.BuildAndStart();
 }
 
+namespace {
+// Writes the heap in use to `path` every second until `stop` (whole files
+// only: a reader never sees half a number).
+void WriteHeapInUse(const std::string& path, std::atomic<bool>* stop) {
+  const std::string tmp = path + ".tmp";
+  while (!stop->load()) {
+    struct mallinfo2 m = mallinfo2();
+    if (FILE* f = fopen(tmp.c_str(), "w")) {
+      fprintf(f, "%zu\n", m.uordblks + m.hblkhd);
+      fclose(f);
+      rename(tmp.c_str(), path.c_str());
+    }
+    for (int i = 0; i < 10 && !stop->load(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+}  // namespace
+
 int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                          int grace_s, int max_idle_ms) {
+                          const ServeOptions& options) {
   EchoService service;
   int port = 0;
-  auto server = StartEchoServer(addr, &port, &service, std::move(creds), max_idle_ms);
+  auto server = StartEchoServer(addr, &port, &service, std::move(creds), options.max_idle_ms);
   if (server == nullptr || port == 0) {
     fprintf(stderr, "cannot serve on %s\n", addr.c_str());
     return 1;
   }
   printf("port %d\n", port);
   fflush(stdout);
+  std::atomic<bool> stop{false};
+  std::thread heap;
+  if (!options.heap_file.empty()) heap = std::thread(WriteHeapInUse, options.heap_file, &stop);
   char buf[256];
   while (read(0, buf, sizeof(buf)) > 0) {
   }
+  stop = true;
+  if (heap.joinable()) heap.join();
   // What the plugin still holds, for a case that failed (a connection
   // gRPC neither served nor closed says here how often it read and wrote).
   std::string open = ConnectionsText();
   if (!open.empty()) fprintf(stderr, "serve: open when told to stop:\n%s", open.c_str());
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(grace_s));
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(options.grace_s));
   return 0;
 }
 

@@ -43,11 +43,20 @@ std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port
                                                   grpc::InsecureServerCredentials(),
                                               int max_idle_ms = 0);
 
+struct ServeOptions {
+  int grace_s = 2;      // shutdown's grace
+  int max_idle_ms = 0;  // see StartEchoServer
+  // Non-empty: the heap in use (malloc's, all arenas, mallinfo2), in bytes,
+  // written to this file every second, for a driver that tells a leak from
+  // memory malloc keeps.
+  std::string heap_file;
+};
+
 // Serves EchoService on `addr` for a test driver in another process: prints
-// "port N" on stdout, serves until stdin closes, then shuts down (grace
-// `grace_s` seconds). Returns the exit code (1: cannot listen).
+// "port N" on stdout, serves until stdin closes, then shuts down. Returns
+// the exit code (1: cannot listen).
 int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerCredentials> creds,
-                          int grace_s, int max_idle_ms = 0);
+                          const ServeOptions& options);
 
 // Channel arguments that let the largest test messages through.
 grpc::ChannelArguments BigMessageArgs();

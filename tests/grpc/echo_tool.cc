@@ -2,10 +2,12 @@
 // processes and network namespaces (tests/grpc/run_interop.sh). Public
 // grpc++ API only; grpc-rdma is preloaded or not, as the test wants.
 //
-//   echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N]
+//   echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N] [--heap-file F]
 //                                      prints "port N" and serves until
 //                                      stdin closes; --max-idle-ms: closes a
-//                                      connection with no call for N ms
+//                                      connection with no call for N ms;
+//                                      --heap-file: writes malloc's heap in
+//                                      use (bytes) to F every second
 //   echo_tool call TARGET [--tls CA HOST]  unary calls of several sizes on
 //                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
@@ -43,14 +45,14 @@ std::string ReadFile(const std::string& path) {
 }
 
 int Serve(const std::string& addr, const std::string& cert, const std::string& key,
-          int max_idle_ms) {
+          const grpc_rdma_test::ServeOptions& options) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!cert.empty()) {
     grpc::SslServerCredentialsOptions o;
     o.pem_key_cert_pairs.push_back({ReadFile(key), ReadFile(cert)});
     creds = grpc::SslServerCredentials(o);
   }
-  return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, 2, max_idle_ms);
+  return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, options);
 }
 
 int Call(const std::string& target, const std::string& ca, const std::string& host) {
@@ -129,7 +131,7 @@ int Idle(const std::string& target, int seconds) {
 
 int Usage() {
   fprintf(stderr,
-          "usage: echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N]\n"
+          "usage: echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N] [--heap-file F]\n"
           "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
           "       echo_tool watch TARGET\n"
           "       echo_tool idle TARGET SECONDS\n");
@@ -141,11 +143,22 @@ int Usage() {
 int main(int argc, char** argv) {
   if (argc < 3) return Usage();
   std::string mode = argv[1], addr = argv[2], a, b;
-  int max_idle_ms = 0;
-  if (mode == "serve" && argc >= 5 && std::string(argv[argc - 2]) == "--max-idle-ms") {
-    max_idle_ms = atoi(argv[argc - 1]);
-    if (max_idle_ms <= 0) return Usage();
-    argc -= 2;
+  if (mode == "serve") {
+    grpc_rdma_test::ServeOptions o;
+    for (int i = 3; i < argc; ++i) {
+      std::string opt = argv[i];
+      if (opt == "--tls" && i + 2 < argc) {
+        a = argv[++i];
+        b = argv[++i];
+      } else if (opt == "--max-idle-ms" && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+        o.max_idle_ms = atoi(argv[++i]);
+      } else if (opt == "--heap-file" && i + 1 < argc) {
+        o.heap_file = argv[++i];
+      } else {
+        return Usage();
+      }
+    }
+    return Serve(addr, a, b, o);
   }
   if (argc == 6 && std::string(argv[3]) == "--tls") {
     a = argv[4];
@@ -155,7 +168,6 @@ int main(int argc, char** argv) {
   } else if (argc != 3) {
     return Usage();
   }
-  if (mode == "serve") return Serve(addr, a, b, max_idle_ms);
   if (mode == "call") return Call(addr, a, b);
   if (mode == "watch") return Watch(addr);
   if (mode == "idle" && !a.empty() && b.empty()) return Idle(addr, atoi(a.c_str()));
