@@ -92,14 +92,15 @@ std::unique_ptr<grpc::Server> StartEchoServer(const std::string& addr, int* port
 }
 
 namespace {
-// Writes the heap in use to `path` every second until `stop` (whole files
-// only: a reader never sees half a number).
+// Writes "<heap in use, bytes> <how many times written>" to `path` every
+// second until `stop` (whole files only: a reader never sees half a line;
+// the count tells a reader a figure taken after a given moment).
 void WriteHeapInUse(const std::string& path, std::atomic<bool>* stop) {
   const std::string tmp = path + ".tmp";
-  while (!stop->load()) {
+  for (uint64_t n = 1; !stop->load(); ++n) {
     struct mallinfo2 m = mallinfo2();
     if (FILE* f = fopen(tmp.c_str(), "w")) {
-      fprintf(f, "%zu\n", m.uordblks + m.hblkhd);
+      fprintf(f, "%zu %llu\n", m.uordblks + m.hblkhd, static_cast<unsigned long long>(n));
       fclose(f);
       rename(tmp.c_str(), path.c_str());
     }

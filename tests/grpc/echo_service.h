@@ -47,8 +47,8 @@ struct ServeOptions {
   int grace_s = 2;      // shutdown's grace
   int max_idle_ms = 0;  // see StartEchoServer
   // Non-empty: the heap in use (malloc's, all arenas, mallinfo2), in bytes,
-  // written to this file every second, for a driver that tells a leak from
-  // memory malloc keeps.
+  // and a count of writes, written to this file every second, for a driver
+  // that tells a leak from memory malloc keeps.
   std::string heap_file;
 };
 

@@ -113,8 +113,22 @@ server_fds() { ls "/proc/$SERVER_PID/fd" 2>/dev/null | wc -l; }
 server_threads() { awk '/^Threads:/{print $2}' "/proc/$SERVER_PID/status" 2>/dev/null; }
 server_rss_kb() { awk '/^VmRSS:/{print $2}' "/proc/$SERVER_PID/status" 2>/dev/null; }
 # What of it malloc has handed out and not had back (the server writes it
-# each second): RSS also holds what malloc keeps after a free.
+# each second, with a count of writes): RSS also holds what malloc keeps
+# after a free.
 server_heap_kb() { awk '{print int($1 / 1024)}' "$TMP/server.heap" 2>/dev/null; }
+# fresh_heap_kb: the heap in use as the server sees it from now on: waits
+# (up to 10 s) for two more writes, so that the figure was taken after
+# this moment, whatever the writer's timing.
+fresh_heap_kb() {
+  local n0 n
+  n0=$(awk '{print $2}' "$TMP/server.heap" 2>/dev/null)
+  for _ in $(seq 1 100); do
+    n=$(awk '{print $2}' "$TMP/server.heap" 2>/dev/null)
+    [ -n "$n0" ] && [ -n "$n" ] && [ "$n" -ge $(( n0 + 2 )) ] && break
+    sleep 0.1
+  done
+  server_heap_kb
+}
 
 # start_server PORT: echo_tool serve on ADDR_S:PORT (0: any); sets PORT.
 start_server() {
@@ -230,7 +244,7 @@ while kill -0 "$CLIENT" 2>/dev/null; do
     last_server_line=$now
     echo "soak: server at $(( now - t0 ))s: $(server_fds) fds, $(server_threads) threads," \
          "RSS $(( $(server_rss_kb || echo 0) / 1024 )) MiB (heap in use" \
-         "$(( $(server_heap_kb || echo 0) / 1024 )) MiB), $(stat rdma_connections_open)" \
+         "$(server_heap_kb) KiB), $(stat rdma_connections_open)" \
          "RDMA connections open, $(stat pinned_bytes) bytes pinned"
   fi
   [ "$FAULTS" != none ] && [ "$now" -ge "$next" ] && [ "$now" -lt $(( faults_end - 3 )) ] ||
@@ -285,8 +299,8 @@ esac
 
 check_server_log
 wait_idle 15 || die "the server kept connections or pinned memory 15 s after the client ended"
-sleep 1.2  # the heap file, written after the last connection went
-fds0=$(server_fds) thr0=$(server_threads) rss0=$(server_rss_kb) heap0=$(server_heap_kb)
+heap0=$(fresh_heap_kb)  # taken after the last connection went
+fds0=$(server_fds) thr0=$(server_threads) rss0=$(server_rss_kb)
 # A second client, no faults at all: all OK, all RDMA, and the server gives
 # back every descriptor and thread the connections took.
 "${PRE_C[@]}" env TF_RDMA_STATS="$TMP/client2.stats" "SOFTVERBS_DEVICES=mlx5_0:$ADDR_C" \
@@ -306,8 +320,7 @@ for _ in $(seq 1 150); do
   [ "$fds1" -le "$fds0" ] && [ "$thr1" -le "$thr0" ] && break
   sleep 0.1
 done
-sleep 1.2
-rss1=$(server_rss_kb) heap1=$(server_heap_kb)
+rss1=$(server_rss_kb) heap1=$(fresh_heap_kb)
 echo "soak: server after the soak: $fds0 fds, $thr0 threads, RSS $(( rss0 / 1024 )) MiB" \
      "(heap in use ${heap0:-?} KiB); after the second client: $fds1 fds, $thr1 threads," \
      "RSS $(( rss1 / 1024 )) MiB (heap in use ${heap1:-?} KiB)"
