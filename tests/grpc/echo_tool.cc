@@ -7,7 +7,8 @@
 //                                      stdin closes; --max-idle-ms: closes a
 //                                      connection with no call for N ms;
 //                                      --heap-file: writes malloc's heap in
-//                                      use (bytes) to F every second
+//                                      use (bytes) and a count of writes to
+//                                      F every second
 //   echo_tool call TARGET [--tls CA HOST]  unary calls of several sizes on
 //                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
