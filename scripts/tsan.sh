@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
-# tsan.sh - softverbs, the engine and their tests built with ThreadSanitizer,
-# and run: every data race or lock-order inversion TSan sees in them fails.
-# Then Debian's RDMA programs (tests/thirdparty/run_thirdparty.sh, every
-# case) run on the instrumented softverbs: they are not instrumented
-# themselves, softverbs-run preloads TSan's runtime into them, so what TSan
-# checks there is softverbs as those programs drive it (its threads, locks
-# and memory, and the programs' pthread calls).
+# tsan.sh - softverbs, the engine, the glue and their tests built with
+# ThreadSanitizer, and run: every data race or lock-order inversion TSan
+# sees in them fails.
+#   1. the engine's and softverbs' test binaries;
+#   2. Debian's RDMA programs (tests/thirdparty/run_thirdparty.sh, every
+#      case) on the instrumented softverbs: they are not instrumented
+#      themselves, softverbs-run preloads TSan's runtime into them, so what
+#      TSan checks there is softverbs as those programs drive it (its
+#      threads, locks and memory, and the programs' pthread calls);
+#   3. the gRPC-level tests (CTest label grpc: end to end, gRPC's endpoint
+#      suite, the interop cases across processes and namespaces, both
+#      soaks) with the instrumented libgrpc_rdma.so on Debian's gRPC.
 #
 # Debian's abseil is not built with TSan, and TSan cannot see through an
 # uninstrumented absl::Mutex (it reports the accesses the mutex orders as
-# races), so abseil is rebuilt instrumented from Debian's own source
-# package (scripts/fetch-grpc-source.sh --abseil) into the cache, once per
-# version. gRPC is not rebuilt: the glue and gRPC's tests stay out of this
-# run (docs/reliability.md says what that leaves unseen and how it is
-# covered instead).
+# races), so abseil is rebuilt instrumented, as shared libraries with
+# Debian's sonames, from Debian's own source package
+# (scripts/fetch-grpc-source.sh --abseil) into the cache, once per
+# version. Every process here runs with it first on LD_LIBRARY_PATH, so
+# Debian's libgrpc, which locks absl::Mutex for all its locks, takes the
+# instrumented one too and TSan sees gRPC's locking. gRPC's own code is
+# not instrumented: what it orders with atomics of its own (closures,
+# combiners, slice refcounts) TSan cannot see. The glue says so where it
+# hands objects to gRPC (src/glue/handoff.h); races between gRPC's own
+# threads on gRPC's objects are suppressed, each explained
+# (tests/tsan/suppressions.txt); docs/reliability.md says what stays unseen.
 #
 # Usage: scripts/tsan.sh [BUILD_DIR]   (default: build-tsan in the repo)
 #   Needs what scripts/setup.sh installs (it is run by scripts/test.sh after
-#   the other suites). Exit 0 iff every test binary passed with no report.
+#   the other suites). Exit 0 iff every test passed with no report.
 #
 # Environment:
 #   GRPC_RDMA_CACHE   as for setup.sh (where abseil's source and build go)
-#   TSAN_TESTS        test binaries to run (default: all of them, below)
-#   TSAN_THIRDPARTY   0: leave out the Debian programs (default 1)
+#   TSAN_TESTS        test binaries of step 1 (default: all of them, below)
+#   TSAN_THIRDPARTY   0: leave out step 2 (default 1)
+#   TSAN_GRPC         0: leave out step 3 (default 1)
 set -euo pipefail
 
 prog=tsan
@@ -37,14 +49,14 @@ tsan_flags="-fsanitize=thread -g -O1"
 # --- abseil, instrumented -----------------------------------------------------
 absl_src=$("$repo/scripts/fetch-grpc-source.sh" --abseil | tail -n 1)
 [[ -f "$absl_src/absl/base/config.h" ]] || die "no abseil source tree ('$absl_src')"
-absl_prefix=$(dirname "$absl_src")/abseil-tsan-$(basename "$absl_src" | sed 's/^abseil-src-//')
+absl_prefix=$(dirname "$absl_src")/abseil-tsan-shared-$(basename "$absl_src" | sed 's/^abseil-src-//')
 if [[ ! -f "$absl_prefix/.complete" ]]; then
-  log "building abseil with ThreadSanitizer into $absl_prefix (once per version)"
+  log "building abseil (shared) with ThreadSanitizer into $absl_prefix (once per version)"
   start=$SECONDS
   rm -rf "$absl_prefix"
   cmake -S "$absl_src" -B "$absl_prefix/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS=$tsan_flags" -DCMAKE_CXX_STANDARD=17 -DABSL_PROPAGATE_CXX_STD=ON \
-    -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DBUILD_TESTING=OFF -DABSL_BUILD_TESTING=OFF \
+    -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF -DABSL_BUILD_TESTING=OFF \
     "-DCMAKE_INSTALL_PREFIX=$absl_prefix" >"$absl_prefix.configure.log" 2>&1 ||
     { tail -n 30 "$absl_prefix.configure.log"; die "abseil did not configure"; }
   cmake --build "$absl_prefix/build" -j "$jobs" >"$absl_prefix.build.log" 2>&1 ||
@@ -68,14 +80,18 @@ cmake -S "$repo" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DGRPC_RDMA_SANITIZER_RUNTIMES=libtsan.so \
   -DGRPC_RDMA_BUILD_BENCHMARKS=OFF -DGRPC_RDMA_BUILD_EXAMPLES=OFF >"$build/tsan-configure.log" 2>&1 ||
   { tail -n 30 "$build/tsan-configure.log"; die "configure failed"; }
-log "building ${targets[*]} softverbs"
-cmake --build "$build" -j "$jobs" --target "${targets[@]}" softverbs >"$build/tsan-build.log" 2>&1 ||
+log "building everything the tests need"
+cmake --build "$build" -j "$jobs" >"$build/tsan-build.log" 2>&1 ||
   { grep -E 'error|Error' "$build/tsan-build.log" | head -n 30; die "build failed"; }
 
 # --- run -----------------------------------------------------------------------
+# The instrumented abseil before Debian's, for Debian's libgrpc too (the
+# test binaries' own run path does not reach a library's dependencies).
+export LD_LIBRARY_PATH="$absl_prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # halt_on_error: the first report fails the binary. Suppressions
 # (tests/tsan/suppressions.txt) are for code not ours only, each with why.
-export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$repo/tests/tsan/suppressions.txt ${TSAN_OPTIONS:-}"
+user_tsan_options=${TSAN_OPTIONS:-}
+export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 history_size=4 suppressions=$repo/tests/tsan/suppressions.txt $user_tsan_options"
 export SOFTVERBS_DEVICES=mlx5_0:127.0.0.1
 # The storm test's full size is a CI-length run of its own under TSan.
 export STORM_CYCLES=${STORM_CYCLES:-200} STORM_AT_ONCE=${STORM_AT_ONCE:-50}
@@ -133,8 +149,50 @@ if [[ ${TSAN_THIRDPARTY:-1} != 0 ]]; then
     done
   fi
 fi
+# --- the gRPC-level tests ---------------------------------------------------------
+# CTest's grpc label (the package test aside: it builds against the
+# installed library, not this build). Many of them start several
+# processes (servers, clients, tools, in namespaces), so every process
+# reports to a file of its own and any report fails the run, as above.
+# ignore_noninstrumented_modules: memcpy and free called by gRPC's own
+# (uninstrumented) code are not checked, as nothing else gRPC does is;
+# without it TSan pairs those few calls with the glue's accesses to the
+# same slices and reports orders it cannot see. The glue's own accesses
+# are all checked: softverbs-run preloads libgrpc_rdma.so ahead of TSan's
+# runtime so that gRPC's poller calls the glue's epoll_wait directly, not
+# through TSan's interceptor, inside which everything would be ignored.
+ran_grpc=0
+if [[ ${TSAN_GRPC:-1} != 0 ]]; then
+  ran_grpc=1
+  reports=$build/grpc-tsan
+  rm -rf "$reports" && mkdir -p "$reports"
+  start=$SECONDS
+  if TSAN_OPTIONS="ignore_noninstrumented_modules=1 second_deadlock_stack=1 history_size=4 suppressions=$repo/tests/tsan/suppressions.txt handle_segv=0 log_path=$reports/report $user_tsan_options" \
+      ctest --test-dir "$build" -L grpc -E '^package\.' --timeout 900 >"$build/grpc.tsan.log" 2>&1; then
+    grpc_ok=1
+  else
+    grpc_ok=0
+  fi
+  summary=$(grep -E 'tests passed' "$build/grpc.tsan.log" | tail -n 1)
+  if [[ $grpc_ok == 1 ]] && ! compgen -G "$reports/report*" >/dev/null; then
+    log "ok the gRPC-level tests ($((SECONDS - start)) s): $summary"
+  else
+    failed+=("grpc")
+    log "FAIL the gRPC-level tests ($((SECONDS - start)) s): ${summary:-no summary}; log: $build/grpc.tsan.log"
+    grep -E '\*\*\*|Failed' "$build/grpc.tsan.log" | head -n 10 >&2 || true
+    for r in "$reports"/report*; do
+      [[ -e $r ]] || continue
+      log "report $r:"
+      head -n 40 "$r" >&2
+      break
+    done
+  fi
+fi
 if [[ ${#failed[@]} -gt 0 ]]; then
   log "failed under ThreadSanitizer: ${failed[*]}"
   exit 1
 fi
-log "all ${#targets[@]} test binaries$([[ $ran_thirdparty == 1 ]] && echo " and Debian's RDMA programs") passed under ThreadSanitizer, no reports"
+what="all ${#targets[@]} test binaries"
+[[ $ran_thirdparty == 1 ]] && what+=", Debian's RDMA programs"
+[[ $ran_grpc == 1 ]] && what+=", the gRPC-level tests"
+log "$what passed under ThreadSanitizer, no reports"

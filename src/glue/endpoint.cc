@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "glue/handoff.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
@@ -89,8 +90,12 @@ grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
     return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
   }
   auto* held = new RecvChunk(std::move(chunk));
+  HandedToGrpc(held);  // gRPC's last slice unref (another thread, maybe) frees it
   return grpc_slice_new_with_user_data(const_cast<char*>(held->data()), held->size(),
-                                       [](void* p) { delete static_cast<RecvChunk*>(p); },
+                                       [](void* p) {
+                                         TakenFromGrpc(p);
+                                         delete static_cast<RecvChunk*>(p);
+                                       },
                                        held);
 }
 

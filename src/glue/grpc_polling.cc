@@ -45,6 +45,7 @@
 #include <functional>
 #include <mutex>
 
+#include "glue/handoff.h"
 #include "glue/runtime.h"
 #include "glue/trace.h"
 #include "src/core/lib/iomgr/ev_posix.h"
@@ -254,13 +255,17 @@ EnginePolling& E() {
 
 void OnReadable(void* arg, grpc_error_handle error) {
   auto* r = static_cast<PollRegistration*>(arg);
+  TakenFromGrpc(r);  // the notification's closure, run by any of gRPC's threads
   if (error.ok() && r->poll()) NoteRdmaActivity();
   {
     std::lock_guard<std::mutex> g(Mu());
     if (!r->stopped) {
       // Shut down by someone else (nothing in gRPC 1.51 does): re-arming a
       // shut-down fd would run this again at once, forever.
-      if (error.ok()) grpc_fd_notify_on_read(r->fd, &r->on_readable);
+      if (error.ok()) {
+        HandedToGrpc(r);
+        grpc_fd_notify_on_read(r->fd, &r->on_readable);
+      }
       return;
     }
   }
@@ -282,6 +287,7 @@ PollRegistration* RegisterLocked(int fd, const char* name, std::function<bool()>
   r->fd = grpc_fd_create(dup, name, false);
   if (S().grpc_epfd.load(std::memory_order_relaxed) < 0) S().learn_from.store(r->fd);
   GRPC_CLOSURE_INIT(&r->on_readable, OnReadable, r, nullptr);
+  HandedToGrpc(r);
   grpc_fd_notify_on_read(r->fd, &r->on_readable);
   return r;
 }
