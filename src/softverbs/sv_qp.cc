@@ -77,8 +77,37 @@ void CompleteRecv(Qp* qp, const RecvWr& wr, ibv_wc_status status, const FrameHdr
   PushCqe(qp->rcq, wc, solicited || status != IBV_WC_SUCCESS);
 }
 
-// Checks a local scatter/gather list against our MR table.
-bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* total) {
+// An on-demand paging element of a post, its pages faulted in before the
+// post took Rt().mu (PrefaultOdp): the element and the result (0 or an
+// errno).
+struct Prefaulted {
+  const ibv_sge* sge;
+  int result;
+};
+
+// Faults in the pages of every element of `wr`'s chain that names an
+// on-demand paging MR (by its key, without Rt().mu), as the HCA faults them
+// in on its own time, so that a large or cold range does not hold up
+// every other QP waiting for Rt().mu. What CheckLocal then finds in `out`
+// it need not fault in again; a key that turns out not to be ODP, or an
+// ODP MR past Runtime::kOdpKeySlots, is checked there as before.
+void PrefaultOdp(const ibv_send_wr* wr, std::vector<Prefaulted>* out) {
+  for (; wr != nullptr; wr = wr->next) {
+    if ((wr->send_flags & IBV_SEND_INLINE) || wr->num_sge <= 0 || wr->sg_list == nullptr) continue;
+    bool need_write = wr->opcode == IBV_WR_RDMA_READ;
+    for (int i = 0; i < wr->num_sge; ++i) {
+      const ibv_sge& e = wr->sg_list[i];
+      if (e.length == 0 || !Rt().IsOdpKeyNoLock(e.lkey)) continue;
+      out->push_back({&e, FaultInPages(reinterpret_cast<void*>(e.addr), e.length,
+                                       need_write ? IBV_ACCESS_LOCAL_WRITE : 0)});
+    }
+  }
+}
+
+// Checks a local scatter/gather list against our MR table. `pre`: the
+// elements whose pages were faulted in already (or null).
+bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* total,
+                const std::vector<Prefaulted>* pre = nullptr) {
   uint64_t sum = 0;
   for (int i = 0; i < n; ++i) {
     sum += sge[i].length;
@@ -95,9 +124,17 @@ bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* to
     // On-demand paging: the device faults the pages in as it uses them,
     // and a page that cannot be (not mapped, or read-only for a receive)
     // fails the work request, as the HCA's page fault does.
-    if (mr->odp && FaultInPages(reinterpret_cast<void*>(sge[i].addr), sge[i].length,
-                                need_write ? IBV_ACCESS_LOCAL_WRITE : 0) != 0)
-      return false;
+    if (mr->odp) {
+      int fault = -1;
+      if (pre != nullptr) {
+        for (const Prefaulted& p : *pre)
+          if (p.sge == &sge[i]) fault = p.result;
+      }
+      if (fault < 0)
+        fault = FaultInPages(reinterpret_cast<void*>(sge[i].addr), sge[i].length,
+                             need_write ? IBV_ACCESS_LOCAL_WRITE : 0);
+      if (fault != 0) return false;
+    }
   }
   *total = sum;
   return true;
@@ -583,6 +620,8 @@ void QpTimersLocked(Qp* qp, uint64_t now) {
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp* qp = ToQp(ibqp);
   const Config& cfg = GetConfig();
+  std::vector<Prefaulted> prefaulted;  // allocates only for ODP elements
+  PrefaultOdp(wr, &prefaulted);
   std::lock_guard<std::mutex> g(Rt().mu);
   DeviceWork work;  // frames into the wire: an HCA's work (after the lock: no waiting in it)
   for (; wr != nullptr; wr = wr->next) {
@@ -620,7 +659,8 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
       s.length = s.inline_data.size();
     } else {
       s.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
-      if (!CheckLocal(qp, wr->sg_list, wr->num_sge, wr->opcode == IBV_WR_RDMA_READ, &s.length))
+      if (!CheckLocal(qp, wr->sg_list, wr->num_sge, wr->opcode == IBV_WR_RDMA_READ, &s.length,
+                      &prefaulted))
         s.fail_status = IBV_WC_LOC_PROT_ERR;
     }
     if (s.length > 0x80000000ULL) s.fail_status = IBV_WC_LOC_LEN_ERR;

@@ -458,6 +458,12 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     Mr* mr = NewMrLocked(pd, addr, length, access);
     mr->odp = true;
     mr->implicit = implicit;
+    for (auto& slot : Rt().odp_keys) {
+      if (slot.load(std::memory_order_relaxed) == 0) {
+        slot.store(mr->mr.lkey, std::memory_order_release);
+        break;
+      }
+    }
     return &mr->mr;
   }
   if (int err = FaultInPages(addr, length, access)) {
@@ -557,6 +563,10 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
 int ibv_dereg_mr(ibv_mr* ibmr) {
   std::lock_guard<std::mutex> g(Rt().mu);
   Rt().mrs.erase(ibmr->lkey);
+  if (ToMr(ibmr)->odp) {
+    for (auto& slot : Rt().odp_keys)
+      if (slot.load(std::memory_order_relaxed) == ibmr->lkey) slot.store(0, std::memory_order_release);
+  }
   Rt().pinned_bytes -= ToMr(ibmr)->pinned;
   delete ToMr(ibmr);
   return 0;

@@ -8,10 +8,15 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <future>
 #include <set>
 #include <string>
 #include <thread>
@@ -850,6 +855,81 @@ TEST_F(VerbsTest, OnDemandPagingMrsPinNothingAndFaultPagesInPerWorkRequest) {
   // Turned off (SOFTVERBS_ODP=0, as a device without it): no caps, no MR.
   std::string out;
   EXPECT_EQ(RunSelf({"SOFTVERBS_ODP=0"}, {"--scenario", "odp-off"}, &out), 0) << out;
+}
+
+// A work request's on-demand paging range is faulted in without the
+// runtime's lock, as an HCA faults pages in without holding up its other
+// QPs. The range here is a page that userfaultfd keeps from being faulted
+// in until the test says so: the post waits for it, and meanwhile a
+// registration (which takes the runtime's lock) must go through. With the
+// fault under the lock it would wait for the page as well.
+TEST_F(VerbsTest, AnOnDemandPageFaultHoldsUpNothingElse) {
+  int uffd = static_cast<int>(syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (uffd < 0) {
+    // Root may always; others only with vm.unprivileged_userfaultfd=1.
+    ASSERT_NE(geteuid(), 0u) << "userfaultfd as root: " << strerror(errno);
+    GTEST_SKIP() << "userfaultfd is not allowed here: " << strerror(errno);
+  }
+  uffdio_api api{};
+  api.api = UFFD_API;
+  ASSERT_EQ(ioctl(uffd, UFFDIO_API, &api), 0) << strerror(errno);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* mem = static_cast<char*>(
+      mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(mem, MAP_FAILED);
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uint64_t>(mem);
+  reg.range.len = page;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  ASSERT_EQ(ioctl(uffd, UFFDIO_REGISTER, &reg), 0) << strerror(errno);
+  ibv_mr* odp = ibv_reg_mr(a_.pd, nullptr, SIZE_MAX, IBV_ACCESS_ON_DEMAND);
+  ASSERT_NE(odp, nullptr) << strerror(errno);
+  Buffer& dst = Buf(b_.pd, page);
+
+  ibv_sge sge{reinterpret_cast<uint64_t>(mem), static_cast<uint32_t>(page), odp->lkey};
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = 1;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = dst.addr();
+  wr.wr.rdma.rkey = dst.mr->rkey;
+  auto posted = std::async(std::launch::async, [&] { return ibv_post_send(a_.qp, &wr, &bad); });
+  // The post is in the page fault once userfaultfd reports it.
+  pollfd pfd{uffd, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the post never touched the page";
+  uffd_msg msg{};
+  ASSERT_EQ(read(uffd, &msg, sizeof(msg)), static_cast<ssize_t>(sizeof(msg)));
+  ASSERT_EQ(msg.event, UFFD_EVENT_PAGEFAULT);
+  // Meanwhile: something else that takes the runtime's lock.
+  std::vector<char> other(page);
+  auto registered = std::async(std::launch::async, [&] {
+    return ibv_reg_mr(a_.pd, other.data(), other.size(), IBV_ACCESS_LOCAL_WRITE);
+  });
+  bool went_through = registered.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  EXPECT_TRUE(went_through) << "a registration waited for another QP's page fault";
+  EXPECT_EQ(posted.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout)
+      << "the post did not wait for its page";
+  // The page arrives (always: without it neither thread would end).
+  std::vector<char> content(page);
+  Fill(content.data(), page, 41);
+  uffdio_copy copy{};
+  copy.dst = reinterpret_cast<uint64_t>(mem);
+  copy.src = reinterpret_cast<uint64_t>(content.data());
+  copy.len = page;
+  ASSERT_EQ(ioctl(uffd, UFFDIO_COPY, &copy), 0) << strerror(errno);
+  ASSERT_EQ(posted.get(), 0);
+  ibv_mr* other_mr = registered.get();
+  ASSERT_NE(other_mr, nullptr) << strerror(errno);
+  auto wc = PollN(a_.cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS) << ibv_wc_status_str(wc[0].status);
+  EXPECT_TRUE(Check(dst.data.data(), page, 41)) << "the page's bytes arrived";
+  EXPECT_EQ(ibv_dereg_mr(other_mr), 0);
+  EXPECT_EQ(ibv_dereg_mr(odp), 0);
+  munmap(mem, page);
+  close(uffd);
 }
 
 TEST_F(VerbsTest, RereggedRegionIsUsedByItsNewAddressAndRights) {
