@@ -7,6 +7,7 @@
 #include <string>
 
 int ScenarioCmConnectDie(uint16_t port);
+int ScenarioRingStress(uint16_t port);
 int ScenarioFailWr();
 int ScenarioDrop();
 int ScenarioDelay();
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   if (argc >= 3 && strcmp(argv[1], "--scenario") == 0) {
     std::string s = argv[2];
     if (s == "cm-connect-die" && argc >= 4) return ScenarioCmConnectDie(std::atoi(argv[3]));
+    if (s == "ring-stress" && argc >= 4) return ScenarioRingStress(std::atoi(argv[3]));
     if (s == "fail-wr") return ScenarioFailWr();
     if (s == "drop") return ScenarioDrop();
     if (s == "delay") return ScenarioDelay();
