@@ -131,7 +131,13 @@ int ServeUntilStdinCloses(const std::string& addr, std::shared_ptr<grpc::ServerC
   if (heap.joinable()) heap.join();
   // What the plugin still holds, for a case that failed (a connection
   // gRPC neither served nor closed says here how often it read and wrote).
+  // A client that exited just before is given half a second to be seen
+  // gone: its connection is still closing, which is no news.
   std::string open = ConnectionsText();
+  for (int i = 0; i < 10 && !open.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    open = ConnectionsText();
+  }
   if (!open.empty()) fprintf(stderr, "serve: open when told to stop:\n%s", open.c_str());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(options.grace_s));
   return 0;
