@@ -32,6 +32,8 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <shared_mutex>
+#include <unordered_map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -395,18 +397,20 @@ class Runtime {
   uint64_t pinned_bytes = 0;
   std::map<uint32_t, Qp*> qps;
   uint32_t AllocKey();
-  // The keys of on-demand paging MRs, readable without mu: a post faults
-  // an ODP range's pages in before it takes mu (a cold or large range
-  // takes a while, and every other QP waits for mu meanwhile). Slots hold
-  // a key or 0; set under mu at registration, cleared at deregistration.
-  // A process with more ODP MRs than slots faults the others in under mu.
-  static constexpr int kOdpKeySlots = 8;
-  std::atomic<uint32_t> odp_keys[kOdpKeySlots] = {};
-  bool IsOdpKeyNoLock(uint32_t key) const {
-    for (const auto& k : odp_keys)
-      if (k.load(std::memory_order_acquire) == key) return true;
-    return false;
-  }
+  // On-demand paging MRs by key, readable without mu: a post faults an
+  // ODP range's pages in before it takes mu (a cold or large range takes
+  // a while, and every other QP waits for mu meanwhile). Changed with mu
+  // held and odp_mu exclusive, at registration and deregistration (an ODP
+  // MR's range never changes: rereg refuses it); odp_count lets a process
+  // with no ODP MR skip odp_mu.
+  struct OdpRange {
+    uint64_t addr = 0, length = 0;
+    bool implicit = false;
+    unsigned access = 0;
+  };
+  std::shared_mutex odp_mu;
+  std::unordered_map<uint32_t, OdpRange> odp_ranges;  // guarded by odp_mu
+  std::atomic<int> odp_count{0};
   // Allocates a QP number; the upper 16 bits are the TCP port of the QP
   // listener that peers connect to (256 numbers per listener).
   uint32_t AllocQpn(Device* dev);

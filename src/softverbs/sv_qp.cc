@@ -78,36 +78,60 @@ void CompleteRecv(Qp* qp, const RecvWr& wr, ibv_wc_status status, const FrameHdr
 }
 
 // An on-demand paging element of a post, its pages faulted in before the
-// post took Rt().mu (PrefaultOdp): the element and the result (0 or an
-// errno).
+// post took Rt().mu (PrefaultOdp): where it is in the chain (WR << 32 |
+// element) and the result (0 or an errno).
 struct Prefaulted {
-  const ibv_sge* sge;
+  uint64_t pos;
+  uint64_t addr, length;
+  bool write;
   int result;
 };
 
-// Faults in the pages of every element of `wr`'s chain that names an
-// on-demand paging MR (by its key, without Rt().mu), as the HCA faults them
-// in on its own time, so that a large or cold range does not hold up
-// every other QP waiting for Rt().mu. What CheckLocal then finds in `out`
-// it need not fault in again; a key that turns out not to be ODP, or an
-// ODP MR past Runtime::kOdpKeySlots, is checked there as before.
-void PrefaultOdp(const ibv_send_wr* wr, std::vector<Prefaulted>* out) {
-  for (; wr != nullptr; wr = wr->next) {
-    if ((wr->send_flags & IBV_SEND_INLINE) || wr->num_sge <= 0 || wr->sg_list == nullptr) continue;
-    bool need_write = wr->opcode == IBV_WR_RDMA_READ;
-    for (int i = 0; i < wr->num_sge; ++i) {
-      const ibv_sge& e = wr->sg_list[i];
-      if (e.length == 0 || !Rt().IsOdpKeyNoLock(e.lkey)) continue;
-      out->push_back({&e, FaultInPages(reinterpret_cast<void*>(e.addr), e.length,
-                                       need_write ? IBV_ACCESS_LOCAL_WRITE : 0)});
+uint64_t PosOf(int wr_index, int sge_index) {
+  return (static_cast<uint64_t>(wr_index) << 32) | static_cast<uint32_t>(sge_index);
+}
+
+// Faults in the pages of every element of `wr`'s chain that lies in an
+// on-demand paging MR it may use (Runtime::odp_ranges, read without
+// Rt().mu), as the HCA faults them in on its own time, so that a large or
+// cold range does not hold up every other QP waiting for Rt().mu. `out` is
+// in chain order; CheckLocal takes the results from it instead of faulting
+// again. An element CheckLocal would refuse anyway (outside its MR, or
+// written where the MR is not writable) is left alone.
+void PrefaultOdp(const Qp* qp, const ibv_send_wr* wr, std::vector<Prefaulted>* out) {
+  if (Rt().odp_count.load(std::memory_order_acquire) == 0) return;
+  {
+    std::shared_lock<std::shared_mutex> g(Rt().odp_mu);
+    for (int w = 0; wr != nullptr; wr = wr->next, ++w) {
+      if ((wr->send_flags & IBV_SEND_INLINE) || wr->num_sge <= 0 ||
+          wr->num_sge > static_cast<int>(qp->cap.max_send_sge) || wr->sg_list == nullptr)
+        continue;
+      bool need_write = wr->opcode == IBV_WR_RDMA_READ;
+      for (int i = 0; i < wr->num_sge; ++i) {
+        const ibv_sge& e = wr->sg_list[i];
+        if (e.length == 0) continue;
+        auto it = Rt().odp_ranges.find(e.lkey);
+        if (it == Rt().odp_ranges.end()) continue;
+        const Runtime::OdpRange& r = it->second;
+        if (!r.implicit && (e.addr < r.addr || e.addr - r.addr > r.length ||
+                            e.length > r.length - (e.addr - r.addr)))
+          continue;
+        if (need_write && !(r.access & IBV_ACCESS_LOCAL_WRITE)) continue;
+        out->push_back({PosOf(w, i), e.addr, e.length, need_write, -1});
+      }
     }
   }
+  for (Prefaulted& p : *out)
+    p.result = FaultInPages(reinterpret_cast<void*>(p.addr), p.length,
+                            p.write ? IBV_ACCESS_LOCAL_WRITE : 0);
 }
 
 // Checks a local scatter/gather list against our MR table. `pre`: the
-// elements whose pages were faulted in already (or null).
+// elements whose pages were faulted in already, in chain order (or null),
+// `wr_index` this list's WR in the chain, `cursor` how far `pre` was read.
 bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* total,
-                const std::vector<Prefaulted>* pre = nullptr) {
+                const std::vector<Prefaulted>* pre = nullptr, int wr_index = 0,
+                size_t* cursor = nullptr) {
   uint64_t sum = 0;
   for (int i = 0; i < n; ++i) {
     sum += sge[i].length;
@@ -127,8 +151,11 @@ bool CheckLocal(Qp* qp, const ibv_sge* sge, int n, bool need_write, uint64_t* to
     if (mr->odp) {
       int fault = -1;
       if (pre != nullptr) {
-        for (const Prefaulted& p : *pre)
-          if (p.sge == &sge[i]) fault = p.result;
+        uint64_t pos = PosOf(wr_index, i);
+        while (*cursor < pre->size() && (*pre)[*cursor].pos < pos) ++*cursor;
+        if (*cursor < pre->size() && (*pre)[*cursor].pos == pos &&
+            (*pre)[*cursor].write == need_write)
+          fault = (*pre)[*cursor].result;
       }
       if (fault < 0)
         fault = FaultInPages(reinterpret_cast<void*>(sge[i].addr), sge[i].length,
@@ -621,10 +648,13 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp* qp = ToQp(ibqp);
   const Config& cfg = GetConfig();
   std::vector<Prefaulted> prefaulted;  // allocates only for ODP elements
-  PrefaultOdp(wr, &prefaulted);
+  PrefaultOdp(qp, wr, &prefaulted);
+  size_t prefaulted_read = 0;
+  int wr_index = -1;
   std::lock_guard<std::mutex> g(Rt().mu);
   DeviceWork work;  // frames into the wire: an HCA's work (after the lock: no waiting in it)
   for (; wr != nullptr; wr = wr->next) {
+    ++wr_index;
     int err = 0;
     if (qp->qp.state != IBV_QPS_RTS && qp->qp.state != IBV_QPS_ERR) err = EINVAL;
     else if (wr->num_sge < 0 || wr->num_sge > static_cast<int>(qp->cap.max_send_sge)) err = EINVAL;
@@ -660,7 +690,7 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad) {
     } else {
       s.sge.assign(wr->sg_list, wr->sg_list + wr->num_sge);
       if (!CheckLocal(qp, wr->sg_list, wr->num_sge, wr->opcode == IBV_WR_RDMA_READ, &s.length,
-                      &prefaulted))
+                      &prefaulted, wr_index, &prefaulted_read))
         s.fail_status = IBV_WC_LOC_PROT_ERR;
     }
     if (s.length > 0x80000000ULL) s.fail_status = IBV_WC_LOC_LEN_ERR;

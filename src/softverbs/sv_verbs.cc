@@ -458,12 +458,11 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     Mr* mr = NewMrLocked(pd, addr, length, access);
     mr->odp = true;
     mr->implicit = implicit;
-    for (auto& slot : Rt().odp_keys) {
-      if (slot.load(std::memory_order_relaxed) == 0) {
-        slot.store(mr->mr.lkey, std::memory_order_release);
-        break;
-      }
+    {
+      std::unique_lock<std::shared_mutex> w(Rt().odp_mu);
+      Rt().odp_ranges[mr->mr.lkey] = {reinterpret_cast<uint64_t>(addr), length, implicit, access};
     }
+    Rt().odp_count.fetch_add(1, std::memory_order_release);
     return &mr->mr;
   }
   if (int err = FaultInPages(addr, length, access)) {
@@ -564,8 +563,9 @@ int ibv_dereg_mr(ibv_mr* ibmr) {
   std::lock_guard<std::mutex> g(Rt().mu);
   Rt().mrs.erase(ibmr->lkey);
   if (ToMr(ibmr)->odp) {
-    for (auto& slot : Rt().odp_keys)
-      if (slot.load(std::memory_order_relaxed) == ibmr->lkey) slot.store(0, std::memory_order_release);
+    std::unique_lock<std::shared_mutex> w(Rt().odp_mu);
+    Rt().odp_ranges.erase(ibmr->lkey);
+    Rt().odp_count.fetch_sub(1, std::memory_order_relaxed);
   }
   Rt().pinned_bytes -= ToMr(ibmr)->pinned;
   delete ToMr(ibmr);
