@@ -29,7 +29,7 @@ constexpr size_t kCopyBelow = 512;
 // The shared state of one endpoint: the grpc_endpoint itself goes at
 // destroy, while callbacks the engine still owes hold this.
 struct State {
-  std::mutex mu;  // guards conn, released and why (gRPC serialises the rest)
+  std::mutex mu;  // guards conn, released, shut_down and why (gRPC serialises the rest)
   std::shared_ptr<Connection> conn;  // null once released (Release)
   bool released = false;
   absl::Status why;  // what released it: later reads and writes fail with it
@@ -90,8 +90,10 @@ grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
     return grpc_slice_from_copied_buffer(chunk.data(), chunk.size());
   }
   auto* held = new RecvChunk(std::move(chunk));
-  HandedToGrpc(held);  // gRPC's last slice unref (another thread, maybe) frees it
-  return grpc_slice_new_with_user_data(const_cast<char*>(held->data()), held->size(),
+  const char* data = held->data();
+  size_t size = held->size();
+  HandedToGrpc(held);  // after its last use here: gRPC's last unref (any thread) frees it
+  return grpc_slice_new_with_user_data(const_cast<char*>(data), size,
                                        [](void* p) {
                                          TakenFromGrpc(p);
                                          delete static_cast<RecvChunk*>(p);
@@ -115,12 +117,13 @@ std::shared_ptr<Connection> Held(State* st, absl::Status* why) {
 // (Subchannel::OnConnectingFinishedLocked drops the transport, fixed after
 // 1.51 by grpc/grpc#32071); what stays is this small state, as a TCP
 // endpoint leaks its descriptor there.
-bool Release(State* st, absl::Status why) {
+bool Release(State* st, absl::Status why, bool by_shutdown = false) {
   std::shared_ptr<Connection> conn;
   {
     std::lock_guard<std::mutex> g(st->mu);
     if (st->released) return false;
     st->released = true;
+    st->shut_down = by_shutdown;
     st->why = why;
     conn = std::move(st->conn);
     st->conn = nullptr;
@@ -190,17 +193,25 @@ void EpDeleteFromPollsetSet(grpc_endpoint*, grpc_pollset_set*) {}
 void EpShutdown(grpc_endpoint* ep, grpc_error_handle why) {
   State* st = Of(ep);
   GRPC_RDMA_TRACE("%s: shutdown: %s", st->peer.c_str(), why.ToString().c_str());
-  if (Release(st, absl::UnavailableError(why.ok() ? std::string("endpoint shut down")
-                                                  : std::string(why.message())))) {
-    st->shut_down = true;  // until destroyed: counted as gRPC holding it
-    GlobalCounters().rdma_shut_down_held.fetch_add(1);
+  if (Release(st,
+              absl::UnavailableError(why.ok() ? std::string("endpoint shut down")
+                                              : std::string(why.message())),
+              /*by_shutdown=*/true)) {
+    GlobalCounters().rdma_shut_down_held.fetch_add(1);  // until destroyed: gRPC holds it
   }
 }
 
 void EpDestroy(grpc_endpoint* ep) {
   auto* e = reinterpret_cast<RdmaEndpoint*>(ep);
   Release(e->st.get(), absl::UnavailableError("endpoint destroyed"));
-  if (e->st->shut_down) GlobalCounters().rdma_shut_down_held.fetch_sub(1);
+  bool was_shut_down;
+  {
+    // gRPC orders its destroy after its shutdown, with atomics of its own
+    // (not instrumented): the lock says so to ThreadSanitizer too.
+    std::lock_guard<std::mutex> g(e->st->mu);
+    was_shut_down = e->st->shut_down;
+  }
+  if (was_shut_down) GlobalCounters().rdma_shut_down_held.fetch_sub(1);
   GRPC_RDMA_TRACE("%s: destroyed (%s side)", e->st->peer.c_str(),
                   e->st->server ? "server" : "client");
   delete e;

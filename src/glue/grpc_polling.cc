@@ -76,12 +76,18 @@ int PlainEpollWait(int epfd, epoll_event* events, int maxevents, int timeout) {
 }
 
 // The epoll_wait this library's definition stands in front of: glibc's,
-// or a sanitizer's interceptor loaded before us.
+// or a sanitizer's interceptor loaded after us. Under ThreadSanitizer
+// (scripts/tsan.sh loads this library ahead of TSan's runtime) TSan's
+// interceptor, which carries no symbol version, comes next: the versioned
+// lookup would skip it for glibc's and TSan would lose what it learns from
+// epoll_wait (the order from epoll_ctl to the wake-up).
 EpollWaitFn RealEpollWait() {
   static std::atomic<EpollWaitFn> fn{nullptr};
   EpollWaitFn f = fn.load(std::memory_order_acquire);
   if (f == nullptr) {
-    f = reinterpret_cast<EpollWaitFn>(dlvsym(RTLD_NEXT, "epoll_wait", GRPC_RDMA_EPOLL_WAIT_VERSION));
+    if (kThreadSanitizer) f = reinterpret_cast<EpollWaitFn>(dlsym(RTLD_NEXT, "epoll_wait"));
+    if (f == nullptr)
+      f = reinterpret_cast<EpollWaitFn>(dlvsym(RTLD_NEXT, "epoll_wait", GRPC_RDMA_EPOLL_WAIT_VERSION));
     if (f == nullptr) f = reinterpret_cast<EpollWaitFn>(dlsym(RTLD_NEXT, "epoll_wait"));
     if (f == nullptr) f = PlainEpollWait;
     fn.store(f, std::memory_order_release);

@@ -13,20 +13,35 @@
 // ("ThreadSanitizer") lists where they stand.
 #pragma once
 
+// GCC says __SANITIZE_THREAD__, clang __has_feature(thread_sanitizer).
 #if defined(__SANITIZE_THREAD__)
+#define GRPC_RDMA_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GRPC_RDMA_TSAN 1
+#endif
+#endif
+
+#if defined(GRPC_RDMA_TSAN)
 #include <sanitizer/tsan_interface.h>
 #endif
 
 namespace grpc_rdma {
 
+#if defined(GRPC_RDMA_TSAN)
+constexpr bool kThreadSanitizer = true;
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 inline void HandedToGrpc([[maybe_unused]] void* p) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(GRPC_RDMA_TSAN)
   __tsan_release(p);
 #endif
 }
 
 inline void TakenFromGrpc([[maybe_unused]] void* p) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(GRPC_RDMA_TSAN)
   __tsan_acquire(p);
 #endif
 }
