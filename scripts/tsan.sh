@@ -156,8 +156,8 @@ fi
 # processes (servers, clients, tools, in namespaces), so every process
 # reports to a file of its own and any report fails the run, as above (a
 # crash too: TSan's SEGV handler writes one). Debian's gRPC libraries are
-# not instrumented: the suppressions file leaves their own interceptor
-# calls (memcpy, free) unchecked (called_from_lib), and the glue marks
+# not instrumented: the suppressions files leave the interceptor calls
+# made from them unchecked (called_from_lib), and the glue marks
 # where it hands objects to gRPC (src/glue/handoff.h). softverbs-run
 # preloads libgrpc_rdma.so ahead of TSan's runtime so that gRPC's poller
 # calls the glue's epoll_wait directly: reached through TSan's interceptor
@@ -167,10 +167,13 @@ if [[ ${TSAN_GRPC:-1} != 0 ]]; then
   ran_grpc=1
   reports=$build/grpc-tsan
   rm -rf "$reports" && mkdir -p "$reports"
-  listed=$(ctest --test-dir "$build" -N -L grpc -E '^package\.' | sed -n 's/^Total Tests: //p')
+  listed=$(ctest --test-dir "$build" -N -L grpc -E '^package\.' | sed -n 's/^Total Tests: //p' || true)
+  # Step 3's suppressions add those in grpc-suppressions.txt (libstdc++).
+  cat "$repo/tests/tsan/suppressions.txt" "$repo/tests/tsan/grpc-suppressions.txt" \
+    >"$build/grpc-tsan-suppressions.txt"
   start=$SECONDS
   # The user's options first: ours (where reports go) win.
-  if TSAN_OPTIONS="$user_tsan_options second_deadlock_stack=1 history_size=4 suppressions=$repo/tests/tsan/suppressions.txt log_path=$reports/report" \
+  if TSAN_OPTIONS="$user_tsan_options second_deadlock_stack=1 history_size=4 suppressions=$build/grpc-tsan-suppressions.txt log_path=$reports/report" \
       ctest --test-dir "$build" -L grpc -E '^package\.' --no-tests=error >"$build/grpc.tsan.log" 2>&1; then
     grpc_ok=1
   else

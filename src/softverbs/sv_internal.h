@@ -404,6 +404,7 @@ class Runtime {
   // MR's range never changes: rereg refuses it); odp_count lets a process
   // with no ODP MR skip odp_mu.
   struct OdpRange {
+    const ibv_pd* pd = nullptr;
     uint64_t addr = 0, length = 0;
     bool implicit = false;
     unsigned access = 0;

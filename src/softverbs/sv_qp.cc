@@ -96,8 +96,10 @@ uint64_t PosOf(int wr_index, int sge_index) {
 // Rt().mu), as the HCA faults them in on its own time, so that a large or
 // cold range does not hold up every other QP waiting for Rt().mu. `out` is
 // in chain order; CheckLocal takes the results from it instead of faulting
-// again. An element CheckLocal would refuse anyway (outside its MR, or
-// written where the MR is not writable) is left alone.
+// again. An element of another PD's MR, outside its MR, or written where
+// the MR is not writable is left alone (CheckLocal refuses it); one of a
+// WR the post then refuses for another reason is faulted in for nothing,
+// within its MR and rights.
 void PrefaultOdp(const Qp* qp, const ibv_send_wr* wr, std::vector<Prefaulted>* out) {
   if (Rt().odp_count.load(std::memory_order_acquire) == 0) return;
   {
@@ -113,6 +115,7 @@ void PrefaultOdp(const Qp* qp, const ibv_send_wr* wr, std::vector<Prefaulted>* o
         auto it = Rt().odp_ranges.find(e.lkey);
         if (it == Rt().odp_ranges.end()) continue;
         const Runtime::OdpRange& r = it->second;
+        if (r.pd != qp->qp.pd) continue;
         if (!r.implicit && (e.addr < r.addr || e.addr - r.addr > r.length ||
                             e.length > r.length - (e.addr - r.addr)))
           continue;

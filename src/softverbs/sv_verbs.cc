@@ -460,7 +460,8 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
     mr->implicit = implicit;
     {
       std::unique_lock<std::shared_mutex> w(Rt().odp_mu);
-      Rt().odp_ranges[mr->mr.lkey] = {reinterpret_cast<uint64_t>(addr), length, implicit, access};
+      Rt().odp_ranges[mr->mr.lkey] = {pd, reinterpret_cast<uint64_t>(addr), length, implicit,
+                                      access};
     }
     Rt().odp_count.fetch_add(1, std::memory_order_release);
     return &mr->mr;
