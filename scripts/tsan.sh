@@ -173,7 +173,9 @@ if [[ ${TSAN_GRPC:-1} != 0 ]]; then
     >"$build/grpc-tsan-suppressions.txt"
   start=$SECONDS
   # The user's options first: ours (where reports go) win.
-  if TSAN_OPTIONS="$user_tsan_options second_deadlock_stack=1 history_size=4 suppressions=$build/grpc-tsan-suppressions.txt log_path=$reports/report" \
+  # SOAK_THREAD_SLACK: run_soak.sh says why.
+  if SOAK_THREAD_SLACK=${SOAK_THREAD_SLACK:-2} \
+      TSAN_OPTIONS="$user_tsan_options second_deadlock_stack=1 history_size=4 suppressions=$build/grpc-tsan-suppressions.txt log_path=$reports/report" \
       ctest --test-dir "$build" -L grpc -E '^package\.' --no-tests=error >"$build/grpc.tsan.log" 2>&1; then
     grpc_ok=1
   else
