@@ -678,7 +678,11 @@ uint32_t StressSize(uint32_t base, int i) {
 
 // Sends kStressMessages (sizes and bytes from my_base) and receives as many
 // (from peer_base) at once, from one thread. "" or what went wrong.
-std::string StressBothWays(rdma_cm_id* id, uint32_t my_base, uint32_t peer_base) {
+// The end: the side that `sends_done` then sends an empty message (it has
+// all it was sent, and all it sent was acknowledged); the other side waits
+// for it and only then disconnects. A disconnect before the last
+// acknowledgement came back would flush the peer's last send.
+std::string StressBothWays(rdma_cm_id* id, uint32_t my_base, uint32_t peer_base, bool sends_done) {
   constexpr int kSlots = 2 * kStressWindow;
   Buffer rx = MakeBuffer(id->pd, kSlots * kStressMax, IBV_ACCESS_LOCAL_WRITE);
   Buffer tx = MakeBuffer(id->pd, kStressWindow * kStressMax, 0);
@@ -689,10 +693,12 @@ std::string StressBothWays(rdma_cm_id* id, uint32_t my_base, uint32_t peer_base)
     posted.push_back(s);
   }
   int sent = 0, acked = 0, received = 0;
+  bool peer_done = false;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(150);
   std::vector<ibv_cq*> cqs{id->send_cq};
   if (id->recv_cq != id->send_cq) cqs.push_back(id->recv_cq);
-  while (err.empty() && (acked < kStressMessages || received < kStressMessages)) {
+  while (err.empty() && (acked < kStressMessages || received < kStressMessages ||
+                         (!sends_done && !peer_done))) {
     if (std::chrono::steady_clock::now() > deadline) {
       err = "timed out";
       break;
@@ -716,6 +722,9 @@ std::string StressBothWays(rdma_cm_id* id, uint32_t my_base, uint32_t peer_base)
         } else if (wc[i].opcode == IBV_WC_SEND) {
           if (wc[i].wr_id != static_cast<uint64_t>(acked)) err = "sends completed out of order";
           ++acked;
+        } else if (received == kStressMessages) {
+          if (wc[i].byte_len != 0) err = "a message after the last one";
+          peer_done = true;
         } else {
           uint32_t want = StressSize(peer_base, received);
           size_t at = static_cast<size_t>(wc[i].wr_id) * kStressMax;
@@ -736,6 +745,8 @@ std::string StressBothWays(rdma_cm_id* id, uint32_t my_base, uint32_t peer_base)
       }
     }
   }
+  if (err.empty() && sends_done && PostSend(id->qp, IBV_WR_SEND, tx, 0, 0, kStressMessages) != 0)
+    err = "ibv_post_send failed (the end)";  // its completion may be a flush: not read
   if (!err.empty())
     err += " (sent " + std::to_string(sent) + ", completed " + std::to_string(acked) +
            ", received " + std::to_string(received) + ")";
@@ -768,9 +779,9 @@ TEST(Cm, TwoProcessesStressTheSharedRing) {
   e = Expect(l.ch, RDMA_CM_EVENT_ESTABLISHED);
   if (e) rdma_ack_cm_event(e);
   auto start = std::chrono::steady_clock::now();
-  std::string err = StressBothWays(id, kParentBase, kChildBase);
+  std::string err = StressBothWays(id, kParentBase, kChildBase, /*sends_done=*/false);
   EXPECT_EQ(err, "") << "this side";
-  if (!err.empty()) rdma_disconnect(id);  // the other side's completions fail at once
+  rdma_disconnect(id);  // after the other side's end (or at once on a failure)
   e = Expect(l.ch, RDMA_CM_EVENT_DISCONNECTED, 180000);
   if (e) rdma_ack_cm_event(e);
   child.join();
@@ -803,7 +814,7 @@ int ScenarioCmConnectDie(uint16_t port) {
 
 // Child side of TwoProcessesStressTheSharedRing: connect (this side makes
 // the shared segment, so SOFTVERBS_RING_KB here sizes both rings), then
-// both ways at once, then disconnect.
+// both ways at once, then the end message, then wait for the disconnect.
 int ScenarioRingStress(uint16_t port) {
   Client c;
   if (!c.Resolve(port)) return 2;
@@ -815,13 +826,12 @@ int ScenarioRingStress(uint16_t port) {
   rdma_cm_event* e = Expect(c.ch, RDMA_CM_EVENT_ESTABLISHED);
   if (e == nullptr) return 5;
   rdma_ack_cm_event(e);
-  std::string err = StressBothWays(c.id, kChildBase, kParentBase);
+  std::string err = StressBothWays(c.id, kChildBase, kParentBase, /*sends_done=*/true);
   if (!err.empty()) {
     fprintf(stderr, "ring-stress: %s\n", err.c_str());
     return 6;
   }
-  rdma_disconnect(c.id);
-  e = Expect(c.ch, RDMA_CM_EVENT_DISCONNECTED);
+  e = Expect(c.ch, RDMA_CM_EVENT_DISCONNECTED, 60000);  // the other side's, once it has the end
   if (e) rdma_ack_cm_event(e);
   printf("ring-stress: %d messages each way, every byte as sent\n", kStressMessages);
   return 0;
