@@ -63,7 +63,26 @@ bool Sane(Link* l, uint64_t head, uint64_t tail) {
   return false;
 }
 
-size_t RingWrite(Link* l, const char* src, size_t n) {
+// The consumer is asleep and polls nothing: only a doorbell wakes it.
+bool ConsumerAsleep(Link* l) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return l->tx->consumer_idle.load(std::memory_order_relaxed) &&
+         NowUs() - l->tx->consumer_polled_us.load(std::memory_order_relaxed) > kPollGraceUs;
+}
+
+// A frame more than a step long is announced to a sleeping consumer once
+// its first step is in the ring, not once all of it is: the consumer's
+// wake-up and copy out then overlap the rest of the copy in (as an HCA's
+// receiver sees a WRITE's first packets while the last are on the wire),
+// and a frame larger than the ring never waits for the consumer to wake
+// to a full ring. `frame_left`: the frame's bytes not yet written when
+// this piece begins; 0 for a frame that does not call for it.
+struct EarlyBell {
+  uint64_t frame_left = 0;
+  bool rang = false;
+};
+
+size_t RingWrite(Link* l, const char* src, size_t n, EarlyBell* bell = nullptr) {
   ShmRing* r = l->tx;
   char* data = l->tx_data;
   const uint64_t size = l->ring_size;
@@ -81,6 +100,11 @@ size_t RingWrite(Link* l, const char* src, size_t n) {
     head += w;
     done += w;
     r->head.store(head, std::memory_order_release);
+    if (bell != nullptr && !bell->rang && bell->frame_left >= done + kStep &&
+        ConsumerAsleep(l)) {
+      bell->rang = true;
+      LinkDoorbell(l);
+    }
   }
   return done;
 }
@@ -410,13 +434,15 @@ size_t FramePieces(const OutFrame& f, iovec* v, size_t max) {
 // is more than an acknowledgement.
 size_t PumpShm(Link* l, bool* urgent) {
   size_t total = 0;
+  EarlyBell bell;  // once per pump: the consumer, once awake, takes all
   while (!l->out.empty()) {
     OutFrame& f = l->out.front();
     iovec v[32];
     size_t n = FramePieces(f, v, 32);
     bool full = false;
     for (size_t i = 0; i < n && !full; ++i) {
-      size_t w = RingWrite(l, static_cast<char*>(v[i].iov_base), v[i].iov_len);
+      bell.frame_left = f.hdr.type != kFrameAck ? f.total() - f.sent : 0;
+      size_t w = RingWrite(l, static_cast<char*>(v[i].iov_base), v[i].iov_len, &bell);
       f.sent += w;
       total += w;
       if (w > 0 && f.hdr.type != kFrameAck) *urgent = true;
@@ -448,13 +474,11 @@ bool LinkPump(Link* l) {
       LinkKill(l);
       return true;
     }
-    if (w > 0) {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      if ((urgent || !l->tx->lazy_acks.load(std::memory_order_relaxed)) &&
-          l->tx->consumer_idle.load(std::memory_order_relaxed) &&
-          NowUs() - l->tx->consumer_polled_us.load(std::memory_order_relaxed) > kPollGraceUs)
-        LinkDoorbell(l);
-    }
+    // Once more at the end, early bell or not: a consumer that woke for
+    // it may have gone back to sleep before the last bytes were in.
+    if (w > 0 && ConsumerAsleep(l) &&
+        (urgent || !l->tx->lazy_acks.load(std::memory_order_relaxed)))
+      LinkDoorbell(l);
     return w > 0;
   }
   bool moved = false;
