@@ -284,7 +284,8 @@ ibv_cq* DriveDelegated(CompChannel* ch, bool direct) {
   DeviceWork work;
   tls_driving = direct ? ch : nullptr;
   tls_direct_event = nullptr;
-  std::vector<Link*> links = ch->delegated;  // handling may undelegate
+  SmallVec<Link*, 8> links;  // a copy: handling may undelegate
+  links.assign(ch->delegated.data(), ch->delegated.data() + ch->delegated.size());
   for (Link* l : links) {
     if (l->delegated_to != ch) continue;
     l->rx_budget = kWaiterMovesAtMost;

@@ -39,6 +39,8 @@
 #include <string>
 #include <vector>
 
+#include "sv_containers.h"
+
 namespace softverbs {
 
 // ------------------------------------- sv_config.cc: settings, logs ---
@@ -181,7 +183,7 @@ struct Cq {
   };
   ibv_wc current{};  // the extended poll's completion, start_poll to next_poll
   std::mutex mu;
-  std::deque<ibv_wc> entries;  // guarded by mu
+  Ring<ibv_wc> entries;  // guarded by mu
   bool armed = false;          // guarded by mu
   bool solicited_only = false;
   bool overrun = false;
@@ -196,8 +198,8 @@ struct SendWr {
   uint32_t imm = 0;
   uint64_t remote_addr = 0;
   uint32_t rkey = 0;
-  std::vector<ibv_sge> sge;
-  std::string inline_data;  // IBV_SEND_INLINE: copied at post time
+  SmallVec<ibv_sge, 2> sge;
+  Bytes inline_data;  // IBV_SEND_INLINE: copied at post time
   uint64_t length = 0;
   uint64_t seq = 0;
   bool queued = false;      // handed to the link
@@ -208,7 +210,7 @@ struct SendWr {
 
 struct RecvWr {
   uint64_t wr_id = 0;
-  std::vector<ibv_sge> sge;
+  SmallVec<ibv_sge, 2> sge;
 };
 
 // Wire frame header. Every frame on a link starts with one.
@@ -239,8 +241,8 @@ static_assert(sizeof(FrameHdr) == 40, "wire layout");
 
 struct OutFrame {
   FrameHdr hdr{};
-  std::vector<iovec> iov;  // payload, borrowed from registered memory
-  std::string owned;       // payload owned by the frame (inline data)
+  SmallVec<iovec, 2> iov;  // payload, borrowed from registered memory
+  Bytes owned;             // payload owned by the frame (inline data)
   size_t sent = 0;         // bytes of header + payload written so far
   size_t total() const { return sizeof(FrameHdr) + hdr.len; }
 };
@@ -278,7 +280,7 @@ struct Link {
   std::string db_peer;  // abstract address, leading NUL included
   bool db_peer_ok = false;
   // outbound
-  std::deque<OutFrame> out;
+  Ring<OutFrame> out;
   bool want_write = false;  // TCP mode: socket full, wait for EPOLLOUT
   // inbound parser
   FrameHdr in_hdr{};
@@ -286,7 +288,7 @@ struct Link {
   bool in_payload = false;
   bool in_begun = false;
   uint64_t in_left = 0;
-  std::vector<iovec> in_target;  // empty + discard: payload is dropped
+  SmallVec<iovec, 2> in_target;  // empty + discard: payload is dropped
   size_t in_idx = 0, in_off = 0;
   bool in_discard = false;
   uint64_t in_seen_us = 0;        // fault knob: delay
@@ -321,8 +323,8 @@ struct Link {
 // ibv_wr_start and ibv_wr_complete.
 struct PendingWr {
   ibv_send_wr wr{};
-  std::vector<ibv_sge> sge;
-  std::string inline_data;  // ibv_wr_set_inline_data*: posted as one SGE over it
+  SmallVec<ibv_sge, 2> sge;
+  Bytes inline_data;  // ibv_wr_set_inline_data*: posted as one SGE over it
 };
 
 struct Qp {
@@ -354,8 +356,8 @@ struct Qp {
   uint16_t pkey_index = 0;
   ibv_ah_attr ah{};
   // queues
-  std::deque<SendWr> sq;  // posted, not yet completed (in order)
-  std::deque<RecvWr> rq;
+  Ring<SendWr> sq;  // posted, not yet completed (in order)
+  Ring<RecvWr> rq;
   uint64_t next_seq = 1;
   uint64_t ops_posted = 0;
   Link* link = nullptr;

@@ -189,8 +189,8 @@ char* CheckRemote(Qp* qp, uint32_t rkey, uint64_t addr, uint64_t len, int right)
   return reinterpret_cast<char*>(addr);
 }
 
-std::vector<iovec> SgeIov(const std::vector<ibv_sge>& sge, uint64_t len) {
-  std::vector<iovec> v;
+SmallVec<iovec, 2> SgeIov(const SmallVec<ibv_sge, 2>& sge, uint64_t len) {
+  SmallVec<iovec, 2> v;
   for (const ibv_sge& s : sge) {
     if (len == 0) break;
     uint64_t n = std::min<uint64_t>(s.length, len);
@@ -259,7 +259,9 @@ void QueueFramesLocked(Qp* qp) {
     }
     if (wr.opcode != IBV_WR_RDMA_READ) {
       f.hdr.len = wr.length;
-      if (!wr.inline_data.empty()) f.owned = wr.inline_data;
+      // Moved: a WR goes to the link once (queued), and its completion
+      // needs none of its bytes.
+      if (!wr.inline_data.empty()) f.owned = std::move(wr.inline_data);
       else f.iov = SgeIov(wr.sge, wr.length);
     }
     CountTx(qp->device->index, StatFor(wr.opcode), wr.length);
@@ -565,12 +567,12 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
     // Frames still to be sent may point at memory the application gets
     // back with the flush: keep only what owns its bytes, and finish the
     // frame in progress from a copy so the stream stays framed.
-    std::deque<OutFrame> keep;
+    Ring<OutFrame> keep;
     for (size_t i = 0; i < l->out.size(); ++i) {
       OutFrame& f = l->out[i];
       if (i == 0 && f.sent > 0) {
         if (!f.iov.empty()) {
-          std::string copy;
+          Bytes copy;
           for (const iovec& v : f.iov) copy.append(static_cast<char*>(v.iov_base), v.iov_len);
           f.iov.clear();
           f.owned = std::move(copy);
@@ -775,7 +777,7 @@ void WrSetSgeList(ibv_qp_ex* q, size_t n, const ibv_sge* list) {
 }
 void WrSetInlineData(ibv_qp_ex* q, void* addr, size_t length) {
   if (PendingWr* p = Last(q)) {
-    p->inline_data.assign(static_cast<const char*>(addr), length);
+    p->inline_data.assign(static_cast<const char*>(addr), static_cast<const char*>(addr) + length);
     p->wr.send_flags |= IBV_SEND_INLINE;
   }
 }
@@ -951,9 +953,7 @@ int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask) {
     for (Cq* cq : {qp->scq, qp->rcq == qp->scq ? nullptr : qp->rcq}) {
       if (cq == nullptr) continue;
       std::lock_guard<std::mutex> cg(cq->mu);
-      cq->entries.erase(std::remove_if(cq->entries.begin(), cq->entries.end(),
-                                       [&](const ibv_wc& wc) { return wc.qp_num == qp->qp.qp_num; }),
-                        cq->entries.end());
+      cq->entries.RemoveIf([&](const ibv_wc& wc) { return wc.qp_num == qp->qp.qp_num; });
     }
     if (qp->link != nullptr) {
       Link* l = qp->link;
