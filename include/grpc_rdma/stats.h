@@ -25,6 +25,8 @@
   X(chunks_zero_copy, "received chunks handed to gRPC without a copy")                    \
   X(chunks_copied, "received chunks copied out (pinned memory ran short)")                \
   X(credit_messages, "messages sent only to return credits to the peer")                  \
+  X(receive_reposts, "ibv_post_recv calls that gave handled receives back to the device " \
+                     "(one per batch of completions)")                                     \
   X(bytes_copied_on_send, "application bytes copied into registered buffers")             \
   X(bytes_copied_on_receive, "received bytes copied out of registered buffers")           \
   X(credit_waits, "times writes waited for the peer's credits (its receive buffers)")     \

@@ -261,6 +261,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
         ReleaseInflightLocked(wc[i].wr_id, true, d);
       }
     }
+    PostRepostsLocked(d);  // this batch's receives, back to the device together
   }
   if (disconnect_when_drained_ && !SendsInFlightLocked()) DisconnectNowLocked();
   DeliverLocked(d);
@@ -276,16 +277,14 @@ void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
     std::lock_guard<std::mutex> g(mu_);
     ++writes_called_;
     if (state_ == State::kClosed) {
-      absl::Status s = close_status_;
-      d.push_back([done, s] { done(s); });
+      d.Done(std::move(done), close_status_);
     } else {
       WriteOp op;
       for (const iovec& v : data) op.total += v.iov_len;
       op.iov = std::move(data);
       op.done = std::move(done);
       if (op.total == 0) {
-        WriteDone cb = std::move(op.done);
-        d.push_back([cb] { cb(absl::OkStatus()); });
+        d.Done(std::move(op.done), absl::OkStatus());
       } else {
         writes_.push_back(std::move(op));
         if (state_ == State::kUp) PumpLocked(&d);
@@ -295,7 +294,7 @@ void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
       }
     }
   }
-  for (auto& f : d) f();
+  d.Run();
   DrainPending();
 }
 
@@ -308,7 +307,7 @@ void ConnImpl::Read(ReadDone done) {
     pending_read_ = std::move(done);
     DeliverLocked(&d);
   }
-  for (auto& f : d) f();
+  d.Run();
   DrainPending();
 }
 
@@ -325,7 +324,7 @@ void ConnImpl::Shutdown(absl::Status why) {
     ready_.clear();
     d.push_back([unread] {});
   }
-  for (auto& f : d) f();
+  d.Run();
   DrainPending();
   engine_->Wake();
 }
@@ -347,7 +346,7 @@ bool ConnImpl::PollNow() {
     seen += HandleCqLocked(&d);
   }
   bool did = seen > 0 || !d.empty();
-  for (auto& f : d) f();
+  d.Run();
   DrainPending();
   if (did) engine_->host_polls.fetch_add(1, std::memory_order_relaxed);
   return did;
@@ -371,7 +370,7 @@ void ConnImpl::DrainPending() {
       HandleCqLocked(&d);
     }
     l.unlock();
-    for (auto& f : d) f();
+    d.Run();
   }
 }
 
@@ -445,9 +444,7 @@ void ConnImpl::SettleZeroCopyLocked(Deferred* d) {
   if (id_) id_->qp = nullptr;  // gone: RDMA CM must not touch it
   for (auto& [wr, z] : zc_inflight_) {
     if (!z->finished || !z->done) continue;
-    WriteDone cb = std::move(z->done);
-    absl::Status s = z->status.ok() ? close_status_ : z->status;
-    d->push_back([cb, s] { cb(s); });
+    d->Done(std::move(z->done), z->status.ok() ? close_status_ : z->status);
   }
   zc_inflight_.clear();
 }
@@ -490,9 +487,7 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
       op.zc->status = close_status_;
       continue;
     }
-    WriteDone cb = std::move(op.done);
-    absl::Status s = close_status_;
-    d->push_back([cb, s] { cb(s); });
+    d->Done(std::move(op.done), close_status_);
   }
   writes_.clear();
   out_grants_.clear();

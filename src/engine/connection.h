@@ -33,8 +33,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "engine/buffer_pool.h"
+#include "engine/deferred.h"
 #include "engine/engine.h"
 #include "engine/flow.h"
 #include "engine/wire.h"
@@ -44,8 +46,6 @@ namespace grpc_rdma {
 
 uint64_t NowMicros();
 
-// Callbacks to run once every engine lock is released.
-using Deferred = std::vector<std::function<void()>>;
 
 class EngineImpl;
 
@@ -237,7 +237,11 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void OnRecvLocked(const ibv_wc& wc, Deferred* d);
   void OnChunkLocked(const ibv_wc& wc, Deferred* d);
   bool PostRecvLocked(size_t index);
+  // A handled receive goes back to the device with the others of its pass
+  // over the CQ: one ibv_post_recv for all of them (PostRepostsLocked, at
+  // the end of each batch of completions), their credits owed from then.
   void RepostLocked(size_t index, Deferred* d);
+  void PostRepostsLocked(Deferred* d);
   void IssueStandingGrantsLocked();
   // One standing grant of `len` bytes; false when none can be made now.
   bool IssueStandingGrantLocked(uint32_t len, bool large);
@@ -301,7 +305,11 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   uint32_t grant_limit_ = 0;  // our largest grant: both chunk sizes' minimum
   Flow flow_;
   std::vector<PinnedBuffer*> recv_bufs_;
-  std::unordered_map<uint64_t, PinnedBuffer*> inflight_;  // wr_id -> staging
+  absl::InlinedVector<uint32_t, 16> reposts_;  // receives to post again (RepostLocked)
+  // Staging buffers of posted sends, in post order (wr_id, buffer): sends
+  // complete in that order, so the one completing is at or near the front
+  // (a deque, not a map: no allocation per send).
+  std::deque<std::pair<uint64_t, PinnedBuffer*>> inflight_;
   // Inline data SENDs posted and not completed: no buffer to hold, but a
   // close waits for them as for the others (their wr_ids carry kInlineWr).
   int inline_inflight_ = 0;

@@ -142,7 +142,7 @@ void EngineImpl::Shutdown() {
     conns.swap(conns_);
     listeners_.clear();
   }
-  for (auto& f : d) f();
+  d.Run();
   // conns (and what they own) go here, outside the locks.
 }
 
@@ -194,11 +194,10 @@ std::shared_ptr<ConnImpl> EngineImpl::Find(rdma_cm_id* id) {
   return it == conns_.end() ? nullptr : it->second;
 }
 
-ConnList EngineImpl::SnapshotLocked() const {
-  ConnList all;
-  all.reserve(conns_.size());
-  for (const auto& [id, c] : conns_) all.push_back(c);
-  return all;
+void EngineImpl::SnapshotLocked(ConnList* out) const {
+  out->clear();
+  out->reserve(conns_.size());
+  for (const auto& [id, c] : conns_) out->push_back(c);
 }
 
 // ------------------------------------------------------------ RDMA CM ---
@@ -224,7 +223,7 @@ void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::Connec
       }
     }
   }
-  for (auto& f : d) f();
+  d.Run();
   Wake();  // the connect deadline needs the poller's attention
 }
 

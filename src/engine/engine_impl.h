@@ -104,7 +104,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // epoll (whose level-triggered channels would report it at once, over
   // and over), a pause on the wake-up descriptor alone.
   static constexpr int kSkippedRetryMs = 1;
-  ConnList SnapshotLocked() const;
+  // Every connection, into `out` (emptied first; its capacity is kept, so
+  // a poller that reuses one list allocates nothing per pass).
+  void SnapshotLocked(ConnList* out) const;
   // engine.cc
   // TF_RDMA_DEV_NAME when the user named a device, else empty: then every
   // connection and listener must be on that device (an address that

@@ -948,6 +948,57 @@ class StuckPage {
   std::string error_;
 };
 
+// Receives handled in one pass over the CQ go back to the device in one
+// ibv_post_recv. The server's own writer is held in the middle of a copy
+// (its connection's lock held) while the client sends 16 messages, so no
+// thread can handle their completions one by one; once the writer lets
+// go, the 16 are handled in one pass. One post per message would count 16.
+TEST(Engine, ReceivesHandledTogetherArePostedAgainTogether) {
+  StuckPage page;
+  ASSERT_EQ(page.error(), "");
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s), at_client(p.c);
+  ASSERT_TRUE(WriteAll(*p.c, "x").ok());
+  ASSERT_TRUE(at_server.WaitFor(1));
+  const uint64_t before = p.s->stats().receive_reposts;
+  const uint64_t eager_before = p.c->stats().eager_messages;
+
+  std::string stuck_bytes = Pattern(100, 9);
+  auto s_write = std::async(std::launch::async, [&] {
+    std::promise<absl::Status> done;
+    iovec v{page.data(), 100};
+    p.s->Write({v}, [&](absl::Status st) { done.set_value(st); });
+    return done.get_future().get();
+  });
+  ASSERT_TRUE(page.WaitTouched(5000)) << "the server's writer never copied";
+  std::string all = "x";
+  for (int i = 0; i < 16; ++i) {
+    std::string m = Pattern(100, 300 + i);
+    all += m;
+    ASSERT_TRUE(WriteAll(*p.c, m).ok());  // one SEND each: none waits to share one
+  }
+  EXPECT_EQ(p.c->stats().eager_messages - eager_before, 16u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // all 16 arrive meanwhile
+  EXPECT_EQ(at_server.data(), "x") << "handled while the connection's lock was held?";
+  page.Release(stuck_bytes);
+  ASSERT_TRUE(s_write.get().ok());
+  ASSERT_TRUE(at_server.WaitFor(all.size()));
+  EXPECT_TRUE(at_server.data() == all);
+  ASSERT_TRUE(at_client.WaitFor(100));
+  EXPECT_TRUE(at_client.data() == stuck_bytes);
+  const uint64_t posts = p.s->stats().receive_reposts - before;
+  EXPECT_GE(posts, 1u);
+  EXPECT_LE(posts, 2u) << "16 receives went back in " << posts << " posts";
+  // Every receive went back: the connection takes several times its
+  // receives' worth more.
+  std::string more = Pattern(64 * 1024, 7);
+  for (int i = 0; i < 64; ++i) ASSERT_TRUE(WriteAll(*p.c, more.substr(i * 1024, 1024)).ok());
+  EXPECT_TRUE(at_server.WaitFor(all.size() + more.size()));
+  EXPECT_TRUE(at_server.data() == all + more);
+  p.Close();
+}
+
 // No connection waits on another: while one connection's writer is stuck
 // in the middle of copying its data (holding that connection's lock), a
 // second connection of the same engines carries bytes both ways. With one

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <thread>
 
+#include "absl/container/inlined_vector.h"
 #include "engine/engine_impl.h"
 #include "verbs/log.h"
 #include "verbs/status.h"
@@ -174,7 +175,7 @@ bool EngineImpl::PollConnections(const ConnList& ready, const ConnList& all, boo
                                  Deferred* d, bool* skipped) {
   size_t before = d->size();
   int seen = 0;
-  ConnList busy;
+  absl::InlinedVector<std::shared_ptr<ConnImpl>, 4> busy;  // no allocation per pass
   for (const auto& c : ready) {
     std::unique_lock<std::mutex> l(c->mu(), std::try_to_lock);
     if (l.owns_lock()) c->TakeEventsLocked();
@@ -205,10 +206,23 @@ bool EngineImpl::PollNow() {
   epoll_event evs[64];
   Deferred d;
   bool did = false;
-  ConnList ready, all;
+  // The lists this thread used last time, emptied but not freed: a host
+  // thread polls once per wake-up, and two allocations per poll were most
+  // of a small message's. A call from within a callback below (none is
+  // known) gets lists of its own.
+  thread_local ConnList tl_ready, tl_all;
+  thread_local bool tl_in_use = false;
+  ConnList own_ready, own_all;
+  const bool reuse = !tl_in_use;
+  ConnList& ready = reuse ? tl_ready : own_ready;
+  ConnList& all = reuse ? tl_all : own_all;
+  tl_in_use = true;
   {
     std::lock_guard<std::mutex> g(mu);
-    if (stop_) return false;
+    if (stop_) {
+      if (reuse) tl_in_use = false;
+      return false;
+    }
     int n;
     do {  // all of it: what stays ready inner raises no new edge outside
       n = epoll_wait(epfd_, evs, 64, 0);
@@ -216,13 +230,16 @@ bool EngineImpl::PollNow() {
       did |= n > 0;
     } while (n == 64);
     CheckDeadlinesLocked(&d);
-    all = SnapshotLocked();
+    SnapshotLocked(&all);
   }
   // The event loop goes back to waiting on event_fd(): every CQ handled,
   // armed so the next completion raises an event, and looked at once more.
   did |= PollConnections(ready, all, /*arm=*/true, &d, nullptr);
   did |= !d.empty();
-  for (auto& f : d) f();
+  d.Run();
+  ready.clear();  // no connection kept alive by a list between polls
+  all.clear();
+  if (reuse) tl_in_use = false;
   if (did) host_polls.fetch_add(1, std::memory_order_relaxed);
   return did;
 }
@@ -233,6 +250,11 @@ void EngineImpl::PollerMain() {
   uint64_t last_active = NowMicros();
   epoll_event evs[64];
   bool skipped = false;  // the last sweep left a busy connection to its holder
+  // Reused from pass to pass (emptied after each use, so no connection
+  // outlives its last pass here): a spinning poller makes thousands of
+  // passes a second, and a fresh list each was most of a small message's
+  // allocations.
+  ConnList all, ready;
   for (;;) {
     // Idle: block until an armed CQ, the CM or a wake-up says something
     // (no periodic wake-ups: an idle connection costs nothing).
@@ -243,7 +265,6 @@ void EngineImpl::PollerMain() {
       timeout = 0;
     Deferred early;
     {
-      ConnList all;
       {
         std::lock_guard<std::mutex> g(mu);
         if (stop_) return;
@@ -269,15 +290,15 @@ void EngineImpl::PollerMain() {
                                        (grants - now) / 1000 + 1, 60000));
           if (timeout < 0 || timeout > ms) timeout = ms;
         }
-        if (timeout != 0) all = SnapshotLocked();
+        if (timeout != 0) SnapshotLocked(&all);
       }
       // About to block: arm every CQ, then look once more: a completion
       // that came in before the arm raises no event.
       if (timeout != 0 && PollConnections({}, all, /*arm=*/true, &early, &skipped)) timeout = 0;
+      all.clear();
     }
     if (timeout >= 0) may_block_.store(false);  // spinning or a timed wait
-    for (auto& f : early) f();
-    early.clear();
+    early.Run();
     int n;
     uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_relaxed);
     if (skipped && timeout != 0) {
@@ -311,18 +332,19 @@ void EngineImpl::PollerMain() {
     may_block_.store(false);
     Deferred d;
     {
-      ConnList ready, all;
       {
         std::lock_guard<std::mutex> g(mu);
         if (stop_) return;
         HandleEventListLocked(evs, n, /*take_wake=*/true, &ready, &d);
         CheckDeadlinesLocked(&d);
-        all = SnapshotLocked();
+        SnapshotLocked(&all);
       }
       if (PollConnections(ready, all, /*arm=*/false, &d, &skipped) || n > 0 || !d.empty())
         last_active = NowMicros();
+      ready.clear();
+      all.clear();
     }
-    for (auto& f : d) f();
+    d.Run();
   }
 }
 

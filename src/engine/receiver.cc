@@ -100,35 +100,65 @@ bool ConnImpl::PostRecvLocked(size_t index) {
   return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
 }
 
-// The receive is handled: post it again, and owe the peer its credit.
-void ConnImpl::RepostLocked(size_t index, Deferred* d) {
-  if (!PostRecvLocked(index)) {
-    FailLocked(absl::InternalError("ibv_post_recv failed"), d);
+// The receive is handled: post it again (with the others of this pass).
+void ConnImpl::RepostLocked(size_t index, Deferred* /*d*/) {
+  reposts_.push_back(static_cast<uint32_t>(index));
+}
+
+// Posts the handled receives as one chain, and owes the peer their
+// credits (only now: a credit promises a posted receive).
+void ConnImpl::PostRepostsLocked(Deferred* d) {
+  if (reposts_.empty()) return;
+  if (!qp_) {  // settled (SettleZeroCopyLocked): closed, nothing to post to
+    reposts_.clear();
     return;
   }
-  flow_.Reposted();
+  constexpr size_t kChain = 16;
+  ibv_sge sge[kChain];
+  ibv_recv_wr wr[kChain];
+  for (size_t done = 0; done < reposts_.size();) {
+    size_t n = std::min(kChain, reposts_.size() - done);
+    for (size_t i = 0; i < n; ++i) {
+      PinnedBuffer* b = recv_bufs_[reposts_[done + i]];
+      sge[i] = ibv_sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size),
+                       b->reg.lkey};
+      wr[i] = ibv_recv_wr{};
+      wr[i].wr_id = kRecvBit | reposts_[done + i];
+      wr[i].sg_list = &sge[i];
+      wr[i].num_sge = 1;
+      wr[i].next = i + 1 < n ? &wr[i + 1] : nullptr;
+    }
+    ibv_recv_wr* bad = nullptr;
+    if (ibv_post_recv(qp_.get(), wr, &bad) != 0) {
+      reposts_.clear();
+      FailLocked(absl::InternalError("ibv_post_recv failed"), d);
+      return;
+    }
+    for (size_t i = 0; i < n; ++i) flow_.Reposted();
+    ++stats_.receive_reposts;
+    done += n;
+  }
+  reposts_.clear();
 }
 
 void ConnImpl::DeliverLocked(Deferred* d) {
   if (!pending_read_) return;
   if (!ready_.empty()) {
     std::vector<RecvChunk> out;
+    out.reserve(ready_.size());
     while (!ready_.empty()) {
       out.push_back(std::move(ready_.front()));
       ready_.pop_front();
     }
-    ReadDone cb = std::move(pending_read_);
+    d->Deliver(std::move(pending_read_), std::move(out));
     pending_read_ = nullptr;
-    auto shared = std::make_shared<std::vector<RecvChunk>>(std::move(out));
-    d->push_back([cb, shared] { cb(std::move(*shared)); });
     return;
   }
   if (state_ == State::kClosed || peer_closed_) {
     absl::Status s = state_ == State::kClosed ? close_status_
                                               : absl::UnavailableError("closed by the peer");
-    ReadDone cb = std::move(pending_read_);
+    d->Deliver(std::move(pending_read_), std::move(s));
     pending_read_ = nullptr;
-    d->push_back([cb, s] { cb(s); });
   }
 }
 

@@ -88,7 +88,8 @@ void ConnImpl::ReleaseInflightLocked(uint64_t wr_id, bool ok, Deferred* d) {
     ZeroCopyDoneLocked(wr_id, ok, d);
     return;
   }
-  auto it = inflight_.find(wr_id);
+  auto it = std::find_if(inflight_.begin(), inflight_.end(),
+                         [wr_id](const auto& e) { return e.first == wr_id; });
   if (it == inflight_.end()) return;
   local_pool_->Put(it->second);
   inflight_.erase(it);
@@ -134,8 +135,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
     len += n;
     ++ops;
     if (op.copied < op.total) break;
-    WriteDone cb = std::move(op.done);
-    d->push_back([cb] { cb(absl::OkStatus()); });
+    d->Done(std::move(op.done), absl::OkStatus());
     writes_.pop_front();
   }
   wire::Header h{};
@@ -159,7 +159,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
   }
   flow_.Told(h.credits);
   if (buf != nullptr) {
-    inflight_[wr.wr_id] = buf;
+    inflight_.emplace_back(wr.wr_id, buf);
   } else {
     ++inline_inflight_;
   }
@@ -188,7 +188,7 @@ bool ConnImpl::PostGrantedWriteLocked(PinnedBuffer* b, uint32_t len, const OutGr
     FailLocked(absl::InternalError("ibv_post_send(RDMA_WRITE_WITH_IMM) failed"), d);
     return false;
   }
-  inflight_[wr_id] = b;
+  inflight_.emplace_back(wr_id, b);
   return true;
 }
 
@@ -222,13 +222,10 @@ void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
     op.zc->done = std::move(op.done);
     op.zc->finished = true;
     if (op.zc->pending == 0) {  // its zero-copy chunks completed already
-      WriteDone cb = std::move(op.zc->done);
-      absl::Status s = op.zc->status;
-      d->push_back([cb, s] { cb(s); });
+      d->Done(std::move(op.zc->done), op.zc->status);
     }
   } else {
-    WriteDone cb = std::move(op.done);
-    d->push_back([cb] { cb(absl::OkStatus()); });
+    d->Done(std::move(op.done), absl::OkStatus());
   }
   writes_.pop_front();
 }
@@ -241,9 +238,7 @@ void ConnImpl::ZeroCopyDoneLocked(uint64_t wr_id, bool ok, Deferred* d) {
   if (!ok && z->status.ok())
     z->status = state_ == State::kClosed ? close_status_ : absl::UnavailableError("RDMA write failed");
   if (--z->pending > 0 || !z->finished || !z->done) return;
-  WriteDone cb = std::move(z->done);
-  absl::Status s = z->status;
-  d->push_back([cb, s] { cb(s); });
+  d->Done(std::move(z->done), z->status);
 }
 
 int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge,
