@@ -445,6 +445,7 @@ void ConnImpl::SettleZeroCopyLocked(Deferred* d) {
   for (auto& [wr, z] : zc_inflight_) {
     if (!z->finished || !z->done) continue;
     d->Done(std::move(z->done), z->status.ok() ? close_status_ : z->status);
+    z->done = nullptr;  // taken: a moved-from function need not be empty
   }
   zc_inflight_.clear();
 }

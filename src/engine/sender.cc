@@ -223,6 +223,7 @@ void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
     op.zc->finished = true;
     if (op.zc->pending == 0) {  // its zero-copy chunks completed already
       d->Done(std::move(op.zc->done), op.zc->status);
+      op.zc->done = nullptr;  // taken: a moved-from function need not be empty
     }
   } else {
     d->Done(std::move(op.done), absl::OkStatus());
@@ -239,6 +240,7 @@ void ConnImpl::ZeroCopyDoneLocked(uint64_t wr_id, bool ok, Deferred* d) {
     z->status = state_ == State::kClosed ? close_status_ : absl::UnavailableError("RDMA write failed");
   if (--z->pending > 0 || !z->finished || !z->done) return;
   d->Done(std::move(z->done), z->status);
+  z->done = nullptr;  // taken: a moved-from function need not be empty
 }
 
 int ConnImpl::GatherLocked(const WriteOp& op, size_t offset, size_t len, ibv_sge* sge,
