@@ -145,6 +145,8 @@ void ConnImpl::SetPeerLocked(const wire::Hello& h) {
       BufferPool::ClassFor(std::max<size_t>(o.acc_size + wire::kHeaderBytes, o.chunk_size)),
       wire::kHeaderBytes);
   peer_standing_ = plan::PeerStandingGrants(h.standing_grants);
+  standing_target_ = std::min(plan::kStandingStart,
+                              peer_standing_ - plan::LargeStandingSlots(peer_standing_));
   peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
   flow_.Start(h.eager_depth, flow_.send_slots());
   // Our grants must fit the writer's staging buffers (its chunk size).

@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 #include "engine/testing.h"
 #include "engine/connection.h"
+#include "engine/plan.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -996,6 +997,66 @@ TEST(Engine, ReceivesHandledTogetherArePostedAgainTogether) {
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(WriteAll(*p.c, more.substr(i * 1024, 1024)).ok());
   EXPECT_TRUE(at_server.WaitFor(all.size() + more.size()));
   EXPECT_TRUE(at_server.data() == all + more);
+  p.Close();
+}
+
+// A writer that used every standing grant before the used ones came back
+// (a stream of mid-size messages faster than the reader's thread turns
+// grants around) had to announce the next message; the reader then keeps
+// more grants out. Here the server's connection is held in a copy while
+// the client writes, so no grant comes back: before, the client had the
+// start's 8; after one such stall, it has more.
+TEST(Engine, AWriterThatRanOutOfStandingGrantsIsGivenMore) {
+  StuckPage first, second;
+  ASSERT_EQ(first.error(), "");
+  ASSERT_EQ(second.error(), "");
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  Sink at_server(p.s), at_client(p.c);
+  const std::string msg = Pattern(100 * 1024, 11);  // above the eager limit, within a grant
+  ASSERT_TRUE(WriteAll(*p.c, msg).ok());
+  ASSERT_TRUE(at_server.WaitFor(msg.size()));
+  size_t expect = msg.size(), back = 0;
+  // Holds the server's connection in a copy, the client writes `n`
+  // messages, and counts how many went into standing grants.
+  auto stalled = [&](StuckPage& page, int n) -> uint64_t {
+    auto held = std::async(std::launch::async, [&] {
+      std::promise<absl::Status> done;
+      iovec v{page.data(), 100};
+      p.s->Write({v}, [&](absl::Status st) { done.set_value(st); });
+      return done.get_future().get();
+    });
+    EXPECT_TRUE(page.WaitTouched(5000)) << "the server's writer never copied";
+    const ConnectionStats before = p.c->stats();
+    std::atomic<int> written{0};
+    for (int i = 0; i < n; ++i) {
+      iovec v{const_cast<char*>(msg.data()), msg.size()};
+      p.c->Write({v}, [&](absl::Status st) {
+        EXPECT_TRUE(st.ok()) << st;
+        ++written;
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // all that can go, goes
+    const uint64_t granted = p.c->stats().rendezvous_pre_granted - before.rendezvous_pre_granted;
+    page.Release(std::string(StuckPage::kSize, 'h'));
+    EXPECT_TRUE(held.get().ok());
+    for (int i = 0; i < 5000 && written.load() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(written.load(), n);
+    expect += n * msg.size();
+    back += 100;
+    EXPECT_TRUE(at_server.WaitFor(expect));
+    EXPECT_TRUE(at_client.WaitFor(back));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the new grants reach the client
+    return granted;
+  };
+  const uint64_t at_first = stalled(first, 16);
+  EXPECT_EQ(at_first, static_cast<uint64_t>(plan::kStandingStart))
+      << "the grants a connection starts with";
+  const uint64_t after = stalled(second, 16);
+  EXPECT_GT(after, at_first) << "no more standing grants after the writer ran out";
+  EXPECT_LE(after, static_cast<uint64_t>(plan::kStandingGrants));
+  EXPECT_EQ(at_server.data().size(), expect);
   p.Close();
 }
 

@@ -127,8 +127,27 @@ TEST(Plan, StandingGrants) {
   EXPECT_EQ(plan::StandingBytes(512 * kKiB, kMiB + kKiB), 0u) << "all such messages are eager";
 }
 
+// A peer that had to announce what a standing grant would have held is
+// given more, a step at a time, up to what it accepts; a message too large
+// for them, or no standing grants at all, changes nothing.
+TEST(Plan, StandingGrantsGrowWhenThePeerRunsOut) {
+  const uint32_t small = 512 * kKiB;
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 30), 8 + plan::kStandingStep);
+  EXPECT_EQ(plan::StandingTarget(8, small, small, 30), 8 + plan::kStandingStep);
+  EXPECT_EQ(plan::StandingTarget(8, small + 1, small, 30), 8) << "too large for one: no help";
+  EXPECT_EQ(plan::StandingTarget(28, 64 * kKiB, small, 30), 30) << "never more than accepted";
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, 0, 30), 8) << "none made: none to add";
+  int t = plan::kStandingStart;
+  for (int i = 0; i < 100; ++i) t = plan::StandingTarget(t, kKiB * 100, small, 30);
+  EXPECT_EQ(t, 30);
+  // An older peer accepts 10, two of them large: it keeps its 8.
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small,
+                                 10 - plan::LargeStandingSlots(plan::PeerStandingGrants(10))),
+            8);
+}
+
 TEST(Plan, LargeStandingGrants) {
-  // Two of the ten our peers accept; none from a peer that takes 2 or 3.
+  // Two of those our peers accept; none from a peer that takes 2 or 3.
   EXPECT_EQ(plan::LargeStandingSlots(plan::kStandingGrants), 2);
   EXPECT_EQ(plan::LargeStandingSlots(8), 2) << "an engine of eight: six small ones";
   EXPECT_EQ(plan::LargeStandingSlots(3), 0);

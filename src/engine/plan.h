@@ -16,9 +16,14 @@ namespace plan {
 // Standing grants: each side keeps landing buffers granted to its peer
 // ahead of time, so that a message above the eager limit and within one
 // goes at once, in one RDMA WRITE WITH IMMEDIATE, without announcing it.
-// Up to this many are outstanding (the Hello's standing_grants; a peer
-// whose Hello says 0 takes 2) ...
-constexpr int kStandingGrants = 10;
+// A side accepts up to kStandingGrants (its Hello's standing_grants; a
+// peer whose Hello says 0 takes 2). It is given kStandingStart of them at
+// first, and kStandingStep more each time it had to announce a message
+// that one would have held (it wrote faster than used grants came back:
+// a stream), up to what it accepts ...
+constexpr int kStandingGrants = 32;
+constexpr int kStandingStart = 8;
+constexpr int kStandingStep = 4;
 // ... of StandingBytes() each, but for up to kLargeStanding of them, made
 // only once the peer announced a message too large for those and within
 // one grant: LargeStandingBytes() (a parameter server's tensors, large
@@ -50,6 +55,13 @@ inline uint32_t GrantLimit(uint64_t own_chunk, uint32_t peer_max_chunk) {
 // How many standing grants the peer accepts (its Hello; 0 means 2).
 inline int PeerStandingGrants(uint16_t from_hello) {
   return std::min<int>(kStandingGrants, from_hello == 0 ? 2 : from_hello);
+}
+// How many small standing grants to keep out: `target` now, or more when
+// the peer announced a message of `announced` bytes that one of
+// `standing_bytes` would have held; never more than `most`.
+inline int StandingTarget(int target, uint64_t announced, uint32_t standing_bytes, int most) {
+  if (standing_bytes != 0 && announced <= standing_bytes) target += kStandingStep;
+  return std::min(target, most);
 }
 
 // The size of each standing grant; 0: none are worth making (every message

@@ -223,6 +223,11 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
       in_active_ = true;
       in_total_ = h.a;
       in_received_ = in_granted_ = 0;
+      // Announced though a standing grant would have held it: the peer
+      // used them all before they came back. Keep more out.
+      standing_target_ = plan::StandingTarget(
+          standing_target_, h.a, plan::StandingBytes(grant_limit_, engine_->options.acc_size),
+          peer_standing_ - plan::LargeStandingSlots(peer_standing_));
       // The next such message need not be announced: large standing
       // grants are made from now on (IssueStandingGrantsLocked).
       large_standing_len_ = std::max(
@@ -332,7 +337,7 @@ void ConnImpl::IssueStandingGrantsLocked() {
   const int large_slots = plan::LargeStandingSlots(peer_standing_);
   const uint32_t small = plan::StandingBytes(grant_limit_, engine_->options.acc_size);
   // small == 0: every such message is eager anyway.
-  while (small != 0 && standing_out_ - large_out_ < peer_standing_ - large_slots) {
+  while (small != 0 && standing_out_ - large_out_ < standing_target_) {
     if (!IssueStandingGrantLocked(small, false)) return;
   }
   while (large_standing_len_ != 0 && large_out_ < large_slots) {
