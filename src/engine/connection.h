@@ -297,6 +297,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   uint32_t max_inline_ = 0;   // the QP's inline limit: eager messages this small go inline
   int peer_standing_ = 0;     // standing grants the peer accepts (its Hello)
   int standing_target_ = 0;   // small standing grants to keep out (plan::StandingTarget)
+  int standing_used_ = 0;     // small ones the peer used since the target last changed
+  bool standing_withheld_ = false;  // the last top-up stopped short (budget, receives)
   bool peer_solicits_ = false;  // the peer's messages are all solicited
   bool armed_solicited_ = false;  // the CQ's last arm was solicited-only
   // ibv_req_notify_cq calls since an event was last taken: each raises at

@@ -127,22 +127,31 @@ TEST(Plan, StandingGrants) {
   EXPECT_EQ(plan::StandingBytes(512 * kKiB, kMiB + kKiB), 0u) << "all such messages are eager";
 }
 
-// A peer that had to announce what a standing grant would have held is
-// given more, a step at a time, up to what it accepts; a message too large
-// for them, or no standing grants at all, changes nothing.
+// A peer that ran out of standing grants (it announced what one would
+// have held, after using a whole target's worth, while none was withheld)
+// is given more, a step at a time, up to what it accepts; anything else
+// changes nothing.
 TEST(Plan, StandingGrantsGrowWhenThePeerRunsOut) {
   const uint32_t small = 512 * kKiB;
-  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 30), 8 + plan::kStandingStep);
-  EXPECT_EQ(plan::StandingTarget(8, small, small, 30), 8 + plan::kStandingStep);
-  EXPECT_EQ(plan::StandingTarget(8, small + 1, small, 30), 8) << "too large for one: no help";
-  EXPECT_EQ(plan::StandingTarget(28, 64 * kKiB, small, 30), 30) << "never more than accepted";
-  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, 0, 30), 8) << "none made: none to add";
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 22, 8, false), 8 + plan::kStandingStep);
+  EXPECT_EQ(plan::StandingTarget(8, small, small, 22, 9, false), 8 + plan::kStandingStep);
+  EXPECT_EQ(plan::StandingTarget(8, small + 1, small, 22, 8, false), 8)
+      << "too large for one: no help";
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 22, 0, false), 8)
+      << "announced before its first grants arrived: it did not run out";
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 22, 7, false), 8);
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small, 22, 8, true), 8)
+      << "grants withheld here (budget, receives): more would not come either";
+  EXPECT_EQ(plan::StandingTarget(20, 64 * kKiB, small, 22, 20, false), 22)
+      << "never more than accepted";
+  EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, 0, 22, 8, false), 8) << "none made: none to add";
   int t = plan::kStandingStart;
-  for (int i = 0; i < 100; ++i) t = plan::StandingTarget(t, kKiB * 100, small, 30);
-  EXPECT_EQ(t, 30);
+  for (int i = 0; i < 100; ++i) t = plan::StandingTarget(t, 100 * kKiB, small, 22, t, false);
+  EXPECT_EQ(t, plan::kStandingGrants - 2);
   // An older peer accepts 10, two of them large: it keeps its 8.
   EXPECT_EQ(plan::StandingTarget(8, 64 * kKiB, small,
-                                 10 - plan::LargeStandingSlots(plan::PeerStandingGrants(10))),
+                                 10 - plan::LargeStandingSlots(plan::PeerStandingGrants(10)), 8,
+                                 false),
             8);
 }
 

@@ -18,10 +18,9 @@ namespace plan {
 // goes at once, in one RDMA WRITE WITH IMMEDIATE, without announcing it.
 // A side accepts up to kStandingGrants (its Hello's standing_grants; a
 // peer whose Hello says 0 takes 2). It is given kStandingStart of them at
-// first, and kStandingStep more each time it had to announce a message
-// that one would have held (it wrote faster than used grants came back:
-// a stream), up to what it accepts ...
-constexpr int kStandingGrants = 32;
+// first, and kStandingStep more each time it ran out (StandingTarget), up
+// to what it accepts ...
+constexpr int kStandingGrants = 24;
 constexpr int kStandingStart = 8;
 constexpr int kStandingStep = 4;
 // ... of StandingBytes() each, but for up to kLargeStanding of them, made
@@ -57,10 +56,17 @@ inline int PeerStandingGrants(uint16_t from_hello) {
   return std::min<int>(kStandingGrants, from_hello == 0 ? 2 : from_hello);
 }
 // How many small standing grants to keep out: `target` now, or more when
-// the peer announced a message of `announced` bytes that one of
-// `standing_bytes` would have held; never more than `most`.
-inline int StandingTarget(int target, uint64_t announced, uint32_t standing_bytes, int most) {
-  if (standing_bytes != 0 && announced <= standing_bytes) target += kStandingStep;
+// the peer ran out of them: it announced a message of `announced` bytes
+// that one of `standing_bytes` would have held, after using `used` of them
+// (at least a whole target's worth since the target last changed: a peer
+// that announces before its first grants arrived did not run out), while
+// they were all out (not `withheld` for want of budget or receives: then
+// the shortage was ours, and more would not come either). Never more than
+// `most`.
+inline int StandingTarget(int target, uint64_t announced, uint32_t standing_bytes, int most,
+                          int used, bool withheld) {
+  if (standing_bytes != 0 && announced <= standing_bytes && used >= target && !withheld)
+    target += kStandingStep;
   return std::min(target, most);
 }
 

@@ -223,11 +223,16 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
       in_active_ = true;
       in_total_ = h.a;
       in_received_ = in_granted_ = 0;
-      // Announced though a standing grant would have held it: the peer
-      // used them all before they came back. Keep more out.
-      standing_target_ = plan::StandingTarget(
-          standing_target_, h.a, plan::StandingBytes(grant_limit_, engine_->options.acc_size),
-          peer_standing_ - plan::LargeStandingSlots(peer_standing_));
+      // Announced though a standing grant would have held it: if the peer
+      // used them all before they came back, keep more out.
+      if (int t = plan::StandingTarget(
+              standing_target_, h.a, plan::StandingBytes(grant_limit_, engine_->options.acc_size),
+              peer_standing_ - plan::LargeStandingSlots(peer_standing_), standing_used_,
+              standing_withheld_);
+          t != standing_target_) {
+        standing_target_ = t;
+        standing_used_ = 0;
+      }
       // The next such message need not be announced: large standing
       // grants are made from now on (IssueStandingGrantsLocked).
       large_standing_len_ = std::max(
@@ -278,6 +283,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     land.len = wc.byte_len;
     --standing_out_;
     if (land.large) --large_out_;
+    else ++standing_used_;
   } else if (wc.byte_len != land.len) {
     return Violation("chunk of the wrong length", d);
   } else if (land.offset != in_received_) {
@@ -338,8 +344,12 @@ void ConnImpl::IssueStandingGrantsLocked() {
   const uint32_t small = plan::StandingBytes(grant_limit_, engine_->options.acc_size);
   // small == 0: every such message is eager anyway.
   while (small != 0 && standing_out_ - large_out_ < standing_target_) {
-    if (!IssueStandingGrantLocked(small, false)) return;
+    if (!IssueStandingGrantLocked(small, false)) {
+      standing_withheld_ = true;
+      return;
+    }
   }
+  standing_withheld_ = false;
   while (large_standing_len_ != 0 && large_out_ < large_slots) {
     if (!IssueStandingGrantLocked(large_standing_len_, true)) return;
   }
