@@ -949,6 +949,18 @@ class StuckPage {
   std::string error_;
 };
 
+// Writes `n` bytes of `page` on `c` from another thread: the engine stops
+// in the copy, holding c's lock, until the page is released. The future
+// has the write's status.
+std::future<absl::Status> WriteFromStuckPage(Connection& c, StuckPage& page, size_t n) {
+  return std::async(std::launch::async, [&c, &page, n] {
+    std::promise<absl::Status> done;
+    iovec v{page.data(), n};
+    c.Write({v}, [&](absl::Status st) { done.set_value(st); });
+    return done.get_future().get();
+  });
+}
+
 // Receives handled in one pass over the CQ go back to the device in one
 // ibv_post_recv. The server's own writer is held in the middle of a copy
 // (its connection's lock held) while the client sends 16 messages, so no
@@ -966,12 +978,7 @@ TEST(Engine, ReceivesHandledTogetherArePostedAgainTogether) {
   const uint64_t eager_before = p.c->stats().eager_messages;
 
   std::string stuck_bytes = Pattern(100, 9);
-  auto s_write = std::async(std::launch::async, [&] {
-    std::promise<absl::Status> done;
-    iovec v{page.data(), 100};
-    p.s->Write({v}, [&](absl::Status st) { done.set_value(st); });
-    return done.get_future().get();
-  });
+  auto s_write = WriteFromStuckPage(*p.s, page, 100);
   ASSERT_TRUE(page.WaitTouched(5000)) << "the server's writer never copied";
   std::string all = "x";
   for (int i = 0; i < 16; ++i) {
@@ -1021,12 +1028,7 @@ TEST(Engine, AWriterThatRanOutOfStandingGrantsIsGivenMore) {
   // Holds the server's connection in a copy, the client writes `n`
   // messages, and counts how many went into standing grants.
   auto stalled = [&](StuckPage& page, int n) -> uint64_t {
-    auto held = std::async(std::launch::async, [&] {
-      std::promise<absl::Status> done;
-      iovec v{page.data(), 100};
-      p.s->Write({v}, [&](absl::Status st) { done.set_value(st); });
-      return done.get_future().get();
-    });
+    auto held = WriteFromStuckPage(*p.s, page, 100);
     EXPECT_TRUE(page.WaitTouched(5000)) << "the server's writer never copied";
     const ConnectionStats before = p.c->stats();
     std::atomic<int> written{0};
@@ -1121,12 +1123,7 @@ TEST(Engine, AConnectionStuckInACopyHoldsUpNoOther) {
 
   // a's writer copies from the stuck page: it stops in the copy.
   std::string a_bytes = Pattern(StuckPage::kSize, 7);
-  auto a_write = std::async(std::launch::async, [&] {
-    std::promise<absl::Status> done;
-    iovec v{page.data(), StuckPage::kSize};
-    a->Write({v}, [&](absl::Status s) { done.set_value(s); });
-    return done.get_future().get();
-  });
+  auto a_write = WriteFromStuckPage(*a, page, StuckPage::kSize);
   ASSERT_TRUE(page.WaitTouched(5000)) << "the engine never copied from a's data";
   // Meanwhile b carries bytes both ways.
   auto b_write = std::async(std::launch::async, [&] { return WriteAll(*b, "over b"); });
