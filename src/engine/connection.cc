@@ -127,7 +127,8 @@ absl::Status ConnImpl::SetupLocked() {
           "a new connection's receive buffers"));
     }
     recv_bufs_[i] = *b;
-    if (!PostRecvLocked(i)) return absl::InternalError("ibv_post_recv failed at set-up");
+    uint32_t index = static_cast<uint32_t>(i);
+    if (!PostRecvsLocked(&index, 1)) return absl::InternalError("ibv_post_recv failed at set-up");
   }
   ArmCqLocked();
   channel_fd_.store(channel_->fd, std::memory_order_release);

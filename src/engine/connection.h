@@ -46,7 +46,6 @@ namespace grpc_rdma {
 
 uint64_t NowMicros();
 
-
 class EngineImpl;
 
 class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl> {
@@ -236,11 +235,12 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // receiver.cc
   void OnRecvLocked(const ibv_wc& wc, Deferred* d);
   void OnChunkLocked(const ibv_wc& wc, Deferred* d);
-  bool PostRecvLocked(size_t index);
+  static constexpr size_t kRecvChain = 16;  // receives posted in one call at most
+  bool PostRecvsLocked(const uint32_t* index, size_t n);
   // A handled receive goes back to the device with the others of its pass
   // over the CQ: one ibv_post_recv for all of them (PostRepostsLocked, at
   // the end of each batch of completions), their credits owed from then.
-  void RepostLocked(size_t index, Deferred* d);
+  void RepostLocked(size_t index);
   void PostRepostsLocked(Deferred* d);
   void IssueStandingGrantsLocked();
   // One standing grant of `len` bytes; false when none can be made now.

@@ -89,21 +89,27 @@ RecvChunk RecvChunk::Lent(const char* data, size_t size, std::function<void()> r
 
 // ------------------------------------------------------------- receives ---
 
-bool ConnImpl::PostRecvLocked(size_t index) {
+// Posts receive buffers `index[0..n)` (n at most kRecvChain) as one chain.
+bool ConnImpl::PostRecvsLocked(const uint32_t* index, size_t n) {
   if (!qp_) return false;  // settled (SettleZeroCopyLocked): closed
-  PinnedBuffer* b = recv_bufs_[index];
-  ibv_sge sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size), b->reg.lkey};
-  ibv_recv_wr wr{}, *bad = nullptr;
-  wr.wr_id = kRecvBit | index;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  return ibv_post_recv(qp_.get(), &wr, &bad) == 0;
+  ibv_sge sge[kRecvChain];
+  ibv_recv_wr wr[kRecvChain];
+  for (size_t i = 0; i < n; ++i) {
+    PinnedBuffer* b = recv_bufs_[index[i]];
+    sge[i] = ibv_sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size),
+                     b->reg.lkey};
+    wr[i] = ibv_recv_wr{};
+    wr[i].wr_id = kRecvBit | index[i];
+    wr[i].sg_list = &sge[i];
+    wr[i].num_sge = 1;
+    wr[i].next = i + 1 < n ? &wr[i + 1] : nullptr;
+  }
+  ibv_recv_wr* bad = nullptr;
+  return ibv_post_recv(qp_.get(), wr, &bad) == 0;
 }
 
 // The receive is handled: post it again (with the others of this pass).
-void ConnImpl::RepostLocked(size_t index, Deferred* /*d*/) {
-  reposts_.push_back(static_cast<uint32_t>(index));
-}
+void ConnImpl::RepostLocked(size_t index) { reposts_.push_back(static_cast<uint32_t>(index)); }
 
 // Posts the handled receives as one chain, and owes the peer their
 // credits (only now: a credit promises a posted receive).
@@ -113,23 +119,9 @@ void ConnImpl::PostRepostsLocked(Deferred* d) {
     reposts_.clear();
     return;
   }
-  constexpr size_t kChain = 16;
-  ibv_sge sge[kChain];
-  ibv_recv_wr wr[kChain];
   for (size_t done = 0; done < reposts_.size();) {
-    size_t n = std::min(kChain, reposts_.size() - done);
-    for (size_t i = 0; i < n; ++i) {
-      PinnedBuffer* b = recv_bufs_[reposts_[done + i]];
-      sge[i] = ibv_sge{reinterpret_cast<uint64_t>(b->data), static_cast<uint32_t>(b->size),
-                       b->reg.lkey};
-      wr[i] = ibv_recv_wr{};
-      wr[i].wr_id = kRecvBit | reposts_[done + i];
-      wr[i].sg_list = &sge[i];
-      wr[i].num_sge = 1;
-      wr[i].next = i + 1 < n ? &wr[i + 1] : nullptr;
-    }
-    ibv_recv_wr* bad = nullptr;
-    if (ibv_post_recv(qp_.get(), wr, &bad) != 0) {
+    size_t n = std::min(kRecvChain, reposts_.size() - done);
+    if (!PostRecvsLocked(reposts_.data() + done, n)) {
       reposts_.clear();
       FailLocked(absl::InternalError("ibv_post_recv failed"), d);
       return;
@@ -265,7 +257,7 @@ void ConnImpl::OnRecvLocked(const ibv_wc& wc, Deferred* d) {
     default:
       return Violation("unknown message type", d);
   }
-  RepostLocked(index, d);
+  RepostLocked(index);
 }
 
 void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
@@ -331,7 +323,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     if (in_received_ == in_total_) in_active_ = false;
     SetGrantDeadlineLocked(/*renew=*/true);  // progress
   }
-  RepostLocked(index, d);
+  RepostLocked(index);
 }
 
 // ---------------------------------------------------------------- grants ---
