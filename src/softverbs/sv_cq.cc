@@ -34,6 +34,21 @@ bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
          qp->rcq != nullptr && qp->scq->cq.channel == ch && qp->rcq->cq.channel == ch;
 }
 
+// A thread of the application (a waiter on the channel, a poll) moves
+// frames of a wire's backlog itself until it has moved
+// kWaiterMovesAtMost bytes, none with a payload above kWaiterFrameAtMost
+// (a mid-size message that a unary call waits for is copied on the thread
+// that then handles it, without waking the agent), and hands the rest of
+// the wire to the agent, which moves it while the application's thread
+// goes on with what it already has (two cores at work on a stream or a
+// bulk transfer instead of one). The frame limit takes a message written
+// whole into one of grpc-rdma's standing grants (up to 512 KiB) with
+// gRPC's framing past a power of two: at 256 KiB, a 256 KiB unary call's
+// message (a few bytes over) went to the agent, a thread wake-up more on
+// each side (docs/performance.md).
+constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
+constexpr uint64_t kWaiterFrameAtMost = 576 * 1024;
+
 // Caller holds Runtime::mu.
 void LinkDelegate(Link* l, CompChannel* ch) {
   if (l->delegated_to == ch) {
@@ -155,19 +170,32 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
   if (rt.agent_waiting.load(std::memory_order_relaxed) != 0) return 0;
   std::unique_lock<std::mutex> lk(rt.mu, std::try_to_lock);
   if (!lk.owns_lock()) return 0;
-  bool did = false;
+  bool did = false, left = false;
   {
     DeviceWork work;
     uint64_t now = NowUs();
     for (Qp* qp : cq->qps) {
-      if (qp->link == nullptr || qp->link->state != LinkState::kUp) continue;
+      Link* l = qp->link;
+      if (l == nullptr || l->state != LinkState::kUp) continue;
       // An armed CQ's owner is about to sleep on its channel: producers must
       // keep ringing the doorbell (see ReqNotifyCq).
-      if (!armed) LinkMarkPolled(qp->link, now);
-      did |= rt.ProgressLinkLocked(qp->link);
+      if (!armed) LinkMarkPolled(l, now);
+      // As a waiter does (DriveDelegated): a share, the rest to the agent.
+      l->rx_budget = kWaiterMovesAtMost;
+      l->rx_frame_max = kWaiterFrameAtMost;
+      did |= rt.ProgressLinkLocked(l);
+      l->rx_budget = l->rx_frame_max = UINT64_MAX;
+      // Left over, and the agent asleep (it marks every ring so under mu
+      // before it sleeps, and looks for left-over data first): a doorbell
+      // the peer skipped for a polled ring would have woken it. Awake, it
+      // moves it on its next pass; a wake-up per look would cost a system
+      // call each.
+      if ((LinkHasRxData(l) || (l->in_payload && !l->in_begun)) && LinkAgentSleeping(l))
+        left = true;
     }
   }
   lk.unlock();
+  if (left) rt.Wake();
   return did ? take() : 0;
 }
 
@@ -257,19 +285,6 @@ bool TakeEvent(CompChannel* ch, ibv_cq** cq, void** cq_context) {
   }
 }
 
-// A waiter moves frames of a wire's backlog itself until it has moved
-// kWaiterMovesAtMost bytes, none with a payload above kWaiterFrameAtMost
-// (a mid-size message that a unary call waits for is copied on the thread
-// that then handles it, without waking the agent), and hands the rest of
-// the wire to the agent, which moves it while the application's thread
-// goes on with what it already has (two cores at work on a stream or a
-// bulk transfer instead of one). The frame limit takes a message written
-// whole into one of grpc-rdma's standing grants (up to 512 KiB) with
-// gRPC's framing past a power of two: at 256 KiB, a 256 KiB unary call's
-// message (a few bytes over) went to the agent, a thread wake-up more on
-// each side (docs/performance.md).
-constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
-constexpr uint64_t kWaiterFrameAtMost = 576 * 1024;
 
 // Moves what the delegated wires brought (their doorbells woke us): the
 // completions it makes raise this channel's events as usual.
