@@ -50,6 +50,8 @@
   X(grpc_poller_spins, "waits of gRPC's poller thread that spun (TF_RDMA_SPIN_US after "  \
                        "RDMA activity) instead of sleeping")                               \
   X(grpc_poller_spin_hits, "... of them, those that found something ready while spinning") \
+  X(grpc_poller_spin_polls, "... of those, found by polling the one busy connection's CQ, "  \
+                            "left disarmed for the spinning thread")                       \
   X(grpc_poller_spin_backoffs, "times spinning stopped for a while (100 ms, doubled while "  \
                                "it recurs): yields found the cores wanted by other work")
 

@@ -332,7 +332,16 @@ void ConnImpl::Shutdown(absl::Status why) {
   engine_->Wake();
 }
 
-bool ConnImpl::PollNow() {
+bool ConnImpl::PollNow() { return Poll(/*take_events=*/true, /*arm=*/true); }
+
+bool ConnImpl::LargeMessagesMoved() {
+  std::lock_guard<std::mutex> g(mu_);
+  const bool moved = largest_moved_ >= kLargeMessage;
+  largest_moved_ = 0;
+  return moved;
+}
+
+bool ConnImpl::Poll(bool take_events, bool arm) {
   engine_->NoteHostPoll();
   Deferred d;
   int seen = 0;
@@ -341,12 +350,14 @@ bool ConnImpl::PollNow() {
     if (!channel_ || !cq_) return false;
     // Every event queued (gRPC's poller reports the descriptor only on an
     // edge).
-    TakeEventsLocked();
+    if (take_events) TakeEventsLocked();
     seen = HandleCqLocked(&d);
-    // The host goes back to waiting on the descriptor: arm, then look once
-    // more (what completed before the arm raises no event).
-    ArmCqLocked();
-    seen += HandleCqLocked(&d);
+    if (arm) {
+      // The host goes back to waiting on the descriptor: arm, then look
+      // once more (what completed before the arm raises no event).
+      ArmCqLocked();
+      seen += HandleCqLocked(&d);
+    }
   }
   bool did = seen > 0 || !d.empty();
   d.Run();

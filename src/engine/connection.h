@@ -23,6 +23,7 @@
 #ifndef GRPC_RDMA_SRC_ENGINE_CONNECTION_H_
 #define GRPC_RDMA_SRC_ENGINE_CONNECTION_H_
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -59,6 +60,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void Shutdown(absl::Status why) override;
   int event_fd() const override { return channel_fd(); }
   bool PollNow() override;
+  bool Poll(bool take_events, bool arm) override;
+  bool LargeMessagesMoved() override;
   void SetHostPolled(bool on) override;
   std::string peer() const override;
   std::string local() const override;
@@ -84,6 +87,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void SetPeerLocked(const wire::Hello& hello);  // from the handshake
   void UpLocked();
   int HandleCqLocked(Deferred* d);              // polls the CQ dry; completions seen
+  void NoteLargeLocked(size_t n) { largest_moved_ = std::max(largest_moved_, n); }
   void ArmCqLocked();
   // Takes and acks the completion channel's events (non-blocking): how
   // many.
@@ -352,6 +356,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   uint64_t reads_called_ = 0, writes_called_ = 0, shutdowns_called_ = 0;
   uint64_t last_read_us_ = 0;
   ConnectionStats stats_;
+  size_t largest_moved_ = 0;  // the largest message or chunk since LargeMessagesMoved
 };
 
 }  // namespace grpc_rdma

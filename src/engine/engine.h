@@ -126,6 +126,21 @@ class Connection {
   // descriptor.
   virtual int event_fd() const = 0;
   virtual bool PollNow() = 0;
+  // PollNow in parts. `take_events`: the descriptor said readable, so take
+  // the events queued on it (a look that finds none costs system calls:
+  // false for a spinning thread's repeated looks). `arm`: arm the CQ, then
+  // look once more, as PollNow does. A host thread that spins may leave
+  // the CQ unarmed: it keeps looking, so the connection's completions need
+  // raise no event (over softverbs the peer then rings no doorbell, and
+  // arming costs no system call per message); it must poll with `arm`
+  // before it stops looking, or a completion may wake nobody.
+  virtual bool Poll(bool take_events, bool arm) = 0;
+  // Whether a message of kLargeMessage or more (sent by rendezvous, or a
+  // received chunk that long) moved since the last call. A spinning host
+  // thread polls small messages' connections; a stream of large ones is
+  // left to its events.
+  static constexpr size_t kLargeMessage = 64 * 1024;
+  virtual bool LargeMessagesMoved() = 0;
   virtual void SetHostPolled(bool on) = 0;
   virtual std::string peer() const = 0;   // "rdma:10.0.0.2:50051"
   virtual std::string local() const = 0;

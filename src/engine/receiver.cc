@@ -317,6 +317,7 @@ void ConnImpl::OnChunkLocked(const ibv_wc& wc, Deferred* d) {
     }));
     ++stats_.chunks_zero_copy;
   }
+  NoteLargeLocked(land.len);
   stats_.bytes_received += land.len;
   if (!land.standing) {
     in_received_ += land.len;

@@ -324,8 +324,9 @@ bool ConnImpl::WriteStandingLocked(size_t which, Deferred* d) {
   auto take = [this, which] {
     standing_in_.erase(standing_in_.begin() + static_cast<std::ptrdiff_t>(which));
   };
-  if (!WriteIntoGrantLocked(g, 0, static_cast<uint32_t>(writes_.front().total), take, d))
-    return false;
+  const size_t total = writes_.front().total;
+  if (!WriteIntoGrantLocked(g, 0, static_cast<uint32_t>(total), take, d)) return false;
+  NoteLargeLocked(total);
   ++stats_.rendezvous;
   ++stats_.rendezvous_pre_granted;
   return true;
@@ -376,6 +377,7 @@ void ConnImpl::PumpLocked(Deferred* d) {
       }
       op.rts_sent = true;
       out_next_offset_ = 0;
+      NoteLargeLocked(op.total);
       ++stats_.rendezvous;
       continue;
     }

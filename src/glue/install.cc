@@ -324,6 +324,7 @@ Stats GetStats() {
   s.fallbacks_remembered = c.fallbacks_remembered;
   s.grpc_poller_spins = PollerSpins();
   s.grpc_poller_spin_hits = PollerSpinHits();
+  s.grpc_poller_spin_polls = PollerSpinPolls();
   s.grpc_poller_spin_backoffs = PollerSpinBackoffs();
   s.version = GRPC_RDMA_VERSION_STRING;
   s.grpc_version = GRPC_RDMA_GRPC_VERSION_STRING;

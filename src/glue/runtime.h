@@ -91,6 +91,7 @@ class Runtime {
 void NoteRdmaActivity();
 uint64_t PollerSpins();
 uint64_t PollerSpinHits();
+uint64_t PollerSpinPolls();
 uint64_t PollerSpinBackoffs();
 
 // The IPv4 address of `addr` (plain or v4-mapped IPv6); false for others.

@@ -13,6 +13,10 @@
 //                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
 //                                      came back
+//   echo_tool pingpong TARGET CALLS    CALLS 64 B unary calls on one
+//                                      channel, one after the other (a
+//                                      small-call ping-pong); checks every
+//                                      byte
 //   echo_tool idle TARGET SECONDS      one call, then holds the channel
 //                                      open and idle; prints "idle" first
 //   echo_tool watch TARGET             a long server stream; prints
@@ -93,6 +97,29 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
   return 0;
 }
 
+int PingPong(const std::string& target, int calls) {
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(
+      target, grpc::InsecureChannelCredentials(), grpc_rdma_test::BigMessageArgs()));
+  for (int i = 0; i < calls; ++i) {
+    Blob req, resp;
+    req.set_data(grpc_rdma_test::Pattern(64, static_cast<uint32_t>(i)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    if (!s.ok()) {
+      fprintf(stderr, "echo_tool: call %d: %s (code %d)\n", i, s.error_message().c_str(),
+              static_cast<int>(s.error_code()));
+      return 1;
+    }
+    if (resp.data() != req.data()) {
+      fprintf(stderr, "echo_tool: call %d came back different\n", i);
+      return 1;
+    }
+  }
+  printf("ok %d calls\n", calls);
+  return 0;
+}
+
 int Watch(const std::string& target) {
   auto stub = Echo::NewStub(
       grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(),
@@ -135,6 +162,7 @@ int Usage() {
           "usage: echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N] [--heap-file F]\n"
           "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
           "       echo_tool watch TARGET\n"
+          "       echo_tool pingpong TARGET CALLS\n"
           "       echo_tool idle TARGET SECONDS\n");
   return 2;
 }
@@ -164,7 +192,7 @@ int main(int argc, char** argv) {
   if (argc == 6 && std::string(argv[3]) == "--tls") {
     a = argv[4];
     b = argv[5];
-  } else if (argc == 4 && mode == "idle") {
+  } else if (argc == 4 && (mode == "idle" || mode == "pingpong")) {
     a = argv[3];
   } else if (argc != 3) {
     return Usage();
@@ -172,5 +200,6 @@ int main(int argc, char** argv) {
   if (mode == "call") return Call(addr, a, b);
   if (mode == "watch") return Watch(addr);
   if (mode == "idle" && !a.empty() && b.empty()) return Idle(addr, atoi(a.c_str()));
+  if (mode == "pingpong" && atoi(a.c_str()) > 0) return PingPong(addr, atoi(a.c_str()));
   return Usage();
 }

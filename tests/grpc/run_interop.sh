@@ -47,6 +47,11 @@
 #              server keeps at most its half-open cap of them (one more
 #              drops the oldest, logged, counted as refused), and an honest
 #              client's calls still go over RDMA
+#   spin-poll  a 64 B ping-pong between two processes, default settings:
+#              on both sides the thread that waits for the next message
+#              finds it by polling the connection's CQ, left disarmed
+#              while it spins (grpc_poller_spin_polls); with
+#              TF_RDMA_SPIN_US=0 on both, never
 #   dev-name   two devices on the client (mlx5_0 on 127.0.0.1, mlx5_1 on
 #              127.0.0.2) and TF_RDMA_DEV_NAME=mlx5_1, the server on
 #              127.0.0.1: TCP, with the engine's line through gRPC's logger
@@ -56,7 +61,7 @@ set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
        device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
-       roce-settings device-returns half-open-flood)
+       roce-settings device-returns half-open-flood spin-poll)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -178,6 +183,20 @@ call() {
   fi
 }
 
+# call_tool NS CLIENT_ADDR MODE TARGET ARG [VAR=VALUE...]: another echo_tool
+# client mode (pingpong TARGET CALLS), with the plugin.
+call_tool() {
+  local ns=$1 addr=$2 mode=$3 target=$4 arg=$5; shift 5
+  side_env client 1 "SOFTVERBS_DEVICES=mlx5_0:$addr" "$@"
+  local pre=()
+  [ -n "$ns" ] && pre=(ip netns exec "$ns")
+  if ! timeout 120 "${pre[@]}" "${SIDE_ENV[@]}" "$TOOL" "$mode" "$target" "$arg" \
+      >"$TMP/client.out" 2>"$TMP/client.err"; then
+    fail "client failed: $(tail -n 3 "$TMP/client.err")"
+    return 1
+  fi
+}
+
 # wait_for_line FILE TEXT SECONDS
 wait_for_line() {
   local i
@@ -230,6 +249,33 @@ case "$CASE" in
     expect "$S" tcp_server_connections eq 0
     grep -q "server saw peer ipv4:127.0.0.1:[0-9]*?transport=rdma" "$TMP/client.out" ||
       fail "the server's peer string does not say rdma"
+    ;;
+  spin-poll)
+    # Rounds of 500 calls until both sides' pollers found an answer by
+    # polling (the server writes its stats every second; other work on a
+    # loaded machine can stop spinning for a while: the back-off), up to
+    # 60 rounds; then the same with spinning off.
+    start_server "" 127.0.0.1 1 TF_RDMA_STATS_INTERVAL_S=1 && {
+      for _ in $(seq 1 60); do
+        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 500 || break
+        cv=$(stat "$C" grpc_poller_spin_polls)
+        sv=$(stat "$S" grpc_poller_spin_polls)
+        [ "${cv:-0}" -ge 1 ] && [ "${sv:-0}" -ge 1 ] && break
+      done
+      stop_server
+    }
+    expect "$C" rdma_client_connections ge 1
+    expect "$C" grpc_poller_spin_polls ge 1
+    expect "$S" grpc_poller_spin_polls ge 1
+    rm -f "$C" "$S" "$TMP/stdin"
+    start_server "" 127.0.0.1 1 TF_RDMA_SPIN_US=0 && {
+      call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 500 TF_RDMA_SPIN_US=0
+      stop_server
+    }
+    expect "$C" rdma_client_connections ge 1
+    expect "$C" grpc_poller_spins eq 0
+    expect "$C" grpc_poller_spin_polls eq 0
+    expect "$S" grpc_poller_spin_polls eq 0
     ;;
   plain-server)
     start_server "" 127.0.0.1 0 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
