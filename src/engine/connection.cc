@@ -359,6 +359,12 @@ bool ConnImpl::Poll(bool take_events, bool arm) {
       seen += HandleCqLocked(&d);
     }
   }
+  // Left unarmed, its completions raise no event: a poller waiting with no
+  // timeout (it armed every CQ before, and has not seen this poll) must
+  // wake and look every kBackupUs, in case the host stops looking.
+  // (NoteHostPoll above, then this load; the poller does the two the other
+  // way round: one of them sees the other.)
+  if (!arm && engine_->waiting_for_good_.load(std::memory_order_seq_cst)) engine_->Wake();
   bool did = seen > 0 || !d.empty();
   d.Run();
   DrainPending();

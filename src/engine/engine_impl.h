@@ -70,12 +70,17 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // The poller may be about to wait with no timeout: whoever sets a new
   // deadline (a grant's) wakes it so that it waits no longer than that.
   std::atomic<bool> may_block_{false};
+  // Set while the poller waits with no timeout at all (not the kBackupUs
+  // looks while the host polls), before it reads last_host_poll_us: a host
+  // poll that leaves a CQ unarmed (ConnImpl::Poll) and finds it set wakes
+  // the poller, which then arms every CQ and looks every kBackupUs.
+  std::atomic<bool> waiting_for_good_{false};
   // Puts the connection's completion channel in the shared epoll set, or
   // in the poller's own one while a host polls it, or (gone) in none.
   void WatchLocked(ConnImpl* c);
   void UnwatchLocked(ConnImpl* c);
   // Remembers that a host event loop polled just now (see Engine).
-  void NoteHostPoll() { last_host_poll_us.store(NowMicros(), std::memory_order_relaxed); }
+  void NoteHostPoll() { last_host_poll_us.store(NowMicros(), std::memory_order_seq_cst); }
 
   std::mutex mu;  // the registry's lock (see above)
   const Options options;

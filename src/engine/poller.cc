@@ -300,15 +300,20 @@ void EngineImpl::PollerMain() {
     if (timeout >= 0) may_block_.store(false);  // spinning or a timed wait
     early.Run();
     int n;
-    uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_relaxed);
+    // A wait without end, unless the host polls: said before the look at
+    // when it last did (see waiting_for_good_).
+    if (timeout < 0) waiting_for_good_.store(true, std::memory_order_seq_cst);
+    uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_seq_cst);
     if (skipped && timeout != 0) {
       // A busy connection's channel may stay readable until its holder
       // lets go: pause instead of letting epoll report it over and over.
       skipped = false;
+      waiting_for_good_.store(false);
       pollfd p{wake_fd_, POLLIN, 0};
       poll(&p, 1, kSkippedRetryMs);
       n = epoll_wait(poll_epfd_, evs, 64, 0);
     } else if (external && timeout != 0 && since_host < kHostActiveUs) {
+      waiting_for_good_.store(false);
       // The host loop is polling (it called PollNow lately): it handles
       // events, on the threads that wait for them. Waking this thread for
       // each would cost a thread switch per message; look only every
@@ -330,6 +335,7 @@ void EngineImpl::PollerMain() {
       }
     }
     may_block_.store(false);
+    waiting_for_good_.store(false);
     Deferred d;
     {
       {

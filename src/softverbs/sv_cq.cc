@@ -185,13 +185,12 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
       l->rx_frame_max = kWaiterFrameAtMost;
       did |= rt.ProgressLinkLocked(l);
       l->rx_budget = l->rx_frame_max = UINT64_MAX;
-      // Left over, and the agent asleep (it marks every ring so under mu
-      // before it sleeps, and looks for left-over data first): a doorbell
-      // the peer skipped for a polled ring would have woken it. Awake, it
-      // moves it on its next pass; a wake-up per look would cost a system
-      // call each.
-      if ((LinkHasRxData(l) || (l->in_payload && !l->in_begun)) && LinkAgentSleeping(l))
-        left = true;
+      // Stopped by those limits (not by a frame that cannot go yet: no
+      // receive posted, a delay knob), the rest is the agent's: woken, as
+      // the doorbell the peer skipped for a polled ring would have woken
+      // it (a sleeping agent finds the data; one between passes would wait
+      // its millisecond timer for a frame nobody has begun).
+      left |= l->rx_limited;
     }
   }
   lk.unlock();

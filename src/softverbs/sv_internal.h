@@ -298,6 +298,7 @@ struct Link {
   // leaves a stream's next ones, and bulk, to the agent).
   uint64_t rx_budget = UINT64_MAX;
   uint64_t rx_frame_max = UINT64_MAX;
+  bool rx_limited = false;  // the last LinkReceive stopped at one of those two
   uint64_t rnr_deadline_us = 0;   // waiting for a posted receive
   bool rx_dead = false;           // after a fatal NAK, drop what follows
   RecvWr in_recv;                 // receive consumed by the frame in progress
@@ -551,7 +552,6 @@ bool LinkSetupShmInitiator(Link* l, ShmSegment* prepared = nullptr);
 bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce);
 void LinkShmConfirmed(Link* l, bool ok);  // initiator: peer's answer
 void LinkSetSleeping(Link* l, bool sleeping);
-bool LinkAgentSleeping(Link* l);  // what LinkSetSleeping last said
 // Progress on poll: a consumer that keeps polling needs no doorbells; the
 // agent then wakes every millisecond in case the poller stops.
 constexpr uint64_t kPollGraceUs = 50;

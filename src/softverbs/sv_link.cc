@@ -391,11 +391,6 @@ void LinkSetSleeping(Link* l, bool sleeping) {
   l->rx->consumer_idle.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
-bool LinkAgentSleeping(Link* l) {
-  return l->rx != nullptr && l->state == LinkState::kUp &&
-         l->rx->consumer_idle.load(std::memory_order_relaxed) != 0;
-}
-
 bool LinkHasRxData(Link* l) {
   if (l->rx == nullptr || l->state != LinkState::kUp) return false;
   return l->rx->head.load(std::memory_order_acquire) !=
@@ -516,9 +511,13 @@ bool LinkReceive(Link* l) {
   bool moved = false;
   bool freed = false;  // consumed ring space: the producer may be waiting
   uint64_t taken = 0;
+  l->rx_limited = false;
   while (l->state == LinkState::kUp) {
     if (!l->in_payload) {
-      if (l->in_hdr_got == 0 && taken >= l->rx_budget) break;
+      if (l->in_hdr_got == 0 && taken >= l->rx_budget) {
+        l->rx_limited = LinkHasRxData(l);
+        break;
+      }
       ssize_t r = LinkRead(l, reinterpret_cast<char*>(&l->in_hdr) + l->in_hdr_got,
                            sizeof(FrameHdr) - l->in_hdr_got);
       if (r < 0) {
@@ -534,7 +533,10 @@ bool LinkReceive(Link* l) {
       l->in_begun = false;
       l->in_seen_us = NowUs();
     }
-    if (!l->in_begun && l->in_hdr.len > l->rx_frame_max) break;
+    if (!l->in_begun && l->in_hdr.len > l->rx_frame_max) {
+      l->rx_limited = true;
+      break;
+    }
     if (!l->in_begun) {
       int delay = GetConfig().delay_us;
       if (delay > 0 && NowUs() < l->in_seen_us + static_cast<uint64_t>(delay)) break;

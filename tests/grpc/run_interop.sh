@@ -253,11 +253,12 @@ case "$CASE" in
   spin-poll)
     # Rounds of 500 calls until both sides' pollers found an answer by
     # polling (the server writes its stats every second; other work on a
-    # loaded machine can stop spinning for a while: the back-off), up to
-    # 60 rounds; then the same with spinning off.
-    start_server "" 127.0.0.1 1 TF_RDMA_STATS_INTERVAL_S=1 && {
+    # loaded machine, or ThreadSanitizer, can stop spinning for a while or
+    # make a turn-around longer than the default 200 us window: 5 ms
+    # here), up to 60 rounds; then the same with spinning off.
+    start_server "" 127.0.0.1 1 TF_RDMA_STATS_INTERVAL_S=1 TF_RDMA_SPIN_US=5000 && {
       for _ in $(seq 1 60); do
-        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 500 || break
+        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 500 TF_RDMA_SPIN_US=5000 || break
         cv=$(stat "$C" grpc_poller_spin_polls)
         sv=$(stat "$S" grpc_poller_spin_polls)
         [ "${cv:-0}" -ge 1 ] && [ "${sv:-0}" -ge 1 ] && break
@@ -275,6 +276,7 @@ case "$CASE" in
     expect "$C" rdma_client_connections ge 1
     expect "$C" grpc_poller_spins eq 0
     expect "$C" grpc_poller_spin_polls eq 0
+    expect "$S" grpc_poller_spins eq 0
     expect "$S" grpc_poller_spin_polls eq 0
     ;;
   plain-server)
