@@ -70,8 +70,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // The poller may be about to wait with no timeout: whoever sets a new
   // deadline (a grant's) wakes it so that it waits no longer than that.
   std::atomic<bool> may_block_{false};
-  // Set while the poller waits with no timeout at all (not the kBackupUs
-  // looks while the host polls), before it reads last_host_poll_us: a host
+  // Set while the poller waits with no timeout, or one above kBackupUs
+  // (not its kBackupUs looks while the host polls), before it reads
+  // last_host_poll_us: a host
   // poll that leaves a CQ unarmed (ConnImpl::Poll) and finds it set wakes
   // the poller, which then arms every CQ and looks every kBackupUs.
   std::atomic<bool> waiting_for_good_{false};

@@ -300,9 +300,10 @@ void EngineImpl::PollerMain() {
     if (timeout >= 0) may_block_.store(false);  // spinning or a timed wait
     early.Run();
     int n;
-    // A wait without end, unless the host polls: said before the look at
-    // when it last did (see waiting_for_good_).
-    if (timeout < 0) waiting_for_good_.store(true, std::memory_order_seq_cst);
+    // A wait without end, or longer than kBackupUs, unless the host polls:
+    // said before the look at when it last did (see waiting_for_good_).
+    if (timeout < 0 || timeout > static_cast<int>(kBackupUs / 1000))
+      waiting_for_good_.store(true, std::memory_order_seq_cst);
     uint64_t since_host = NowMicros() - last_host_poll_us.load(std::memory_order_seq_cst);
     if (skipped && timeout != 0) {
       // A busy connection's channel may stay readable until its holder
@@ -326,6 +327,7 @@ void EngineImpl::PollerMain() {
     } else {
       // Everything: the shared set and the host-polled connections.
       n = epoll_wait(poll_epfd_, evs, 64, timeout);
+      waiting_for_good_.store(false);  // not through the grace below
       if (n > 0 && external && timeout != 0) {
         // The host loop was woken too: let its thread, the one that waits
         // for what this event brings, handle it; step in only if it has

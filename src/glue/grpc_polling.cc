@@ -347,8 +347,11 @@ void MaybeLearn(int epfd, const epoll_event* ev, int n) {
   for (int i = 0; i < n; i++) {
     auto p = reinterpret_cast<uintptr_t>(ev[i].data.ptr) & ~static_cast<uintptr_t>(1);
     if (p == reinterpret_cast<uintptr_t>(want)) {
-      S().grpc_epfd.store(epfd, std::memory_order_relaxed);
-      S().learn_from.store(nullptr, std::memory_order_relaxed);
+      // Under the hand-over's lock, and only if `want` is still the one to
+      // learn by: ReleasePolling may have forgotten the set meanwhile.
+      std::lock_guard<std::mutex> g(SP().mu);
+      if (S().learn_from.compare_exchange_strong(want, nullptr))
+        S().grpc_epfd.store(epfd, std::memory_order_relaxed);
       return;
     }
   }
@@ -513,12 +516,14 @@ void Runtime::AcquirePolling() {
   if (e == nullptr || options_.poll_mode == PollMode::kBusy) return;
   std::lock_guard<std::mutex> g(Mu());
   if (E().users++ > 0 || !Supported()) return;
-  if (options_.poll_mode == PollMode::kAdaptive && options_.spin_us > 0) {
-    S().window_ns.store(static_cast<int64_t>(options_.spin_us) * 1000);
-  }
   E().current = RegisterLocked(e->event_fd(), "grpc_rdma engine", [e] { return e->PollNow(); });
   if (E().current == nullptr) return;
   e->SetExternalPolling(true);
+  // Only now: a connection handed to the spinner relies on the engine's
+  // poller knowing that gRPC's threads poll (its waits are then short).
+  if (options_.poll_mode == PollMode::kAdaptive && options_.spin_us > 0) {
+    S().window_ns.store(static_cast<int64_t>(options_.spin_us) * 1000);
+  }
   GRPC_RDMA_TRACE("completions are polled by gRPC's pollers too");
 }
 
@@ -533,6 +538,7 @@ void Runtime::ReleasePolling() {
       std::lock_guard<std::mutex> sg(SP().mu);  // no hand-over from here on
       S().window_ns.store(0);
       S().grpc_epfd.store(-1);
+      S().learn_from.store(nullptr);  // a wait learning it now must not
     }
     if (E().current != nullptr) {
       PollRegistration* r = E().current;

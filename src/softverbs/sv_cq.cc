@@ -185,12 +185,13 @@ int PollCq(ibv_cq* ibcq, int n, ibv_wc* wc) {
       l->rx_frame_max = kWaiterFrameAtMost;
       did |= rt.ProgressLinkLocked(l);
       l->rx_budget = l->rx_frame_max = UINT64_MAX;
-      // Stopped by those limits (not by a frame that cannot go yet: no
-      // receive posted, a delay knob), the rest is the agent's: woken, as
-      // the doorbell the peer skipped for a polled ring would have woken
-      // it (a sleeping agent finds the data; one between passes would wait
-      // its millisecond timer for a frame nobody has begun).
-      left |= l->rx_limited;
+      // Stopped by those limits, the rest is the agent's: woken, as the
+      // doorbell the peer skipped for a polled ring would have woken it (a
+      // sleeping agent finds the data; one between passes would wait its
+      // millisecond timer for a frame nobody has begun). A frame that
+      // cannot go yet (a delay knob) wakes it only if it sleeps, once per
+      // sleep: it may sleep for 200 ms otherwise.
+      left |= l->rx_limited || (l->in_payload && !l->in_begun && LinkAgentSleeping(l));
     }
   }
   lk.unlock();

@@ -552,6 +552,7 @@ bool LinkSetupShmInitiator(Link* l, ShmSegment* prepared = nullptr);
 bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce);
 void LinkShmConfirmed(Link* l, bool ok);  // initiator: peer's answer
 void LinkSetSleeping(Link* l, bool sleeping);
+bool LinkAgentSleeping(Link* l);  // what LinkSetSleeping last said
 // Progress on poll: a consumer that keeps polling needs no doorbells; the
 // agent then wakes every millisecond in case the poller stops.
 constexpr uint64_t kPollGraceUs = 50;

@@ -391,6 +391,11 @@ void LinkSetSleeping(Link* l, bool sleeping) {
   l->rx->consumer_idle.store(sleeping ? 1 : 0, std::memory_order_seq_cst);
 }
 
+bool LinkAgentSleeping(Link* l) {
+  return l->rx != nullptr && l->state == LinkState::kUp &&
+         l->rx->consumer_idle.load(std::memory_order_relaxed) != 0;
+}
+
 bool LinkHasRxData(Link* l) {
   if (l->rx == nullptr || l->state != LinkState::kUp) return false;
   return l->rx->head.load(std::memory_order_acquire) !=
