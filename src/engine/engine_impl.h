@@ -72,9 +72,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   std::atomic<bool> may_block_{false};
   // Set while the poller waits with no timeout, or one above kBackupUs
   // (not its kBackupUs looks while the host polls), before it reads
-  // last_host_poll_us: a host
-  // poll that leaves a CQ unarmed (ConnImpl::Poll) and finds it set wakes
-  // the poller, which then arms every CQ and looks every kBackupUs.
+  // last_host_poll_us: a host poll that leaves a CQ unarmed
+  // (ConnImpl::Poll) and finds it set wakes the poller, which then arms
+  // every CQ and looks every kBackupUs.
   std::atomic<bool> waiting_for_good_{false};
   // Puts the connection's completion channel in the shared epoll set, or
   // in the poller's own one while a host polls it, or (gone) in none.
