@@ -48,7 +48,7 @@ void Serve(Options o, int ready_fd, char mode) {
     conns.push_back(c);
     struct Loop {
       static void Go(std::shared_ptr<Connection> c, char mode) {
-        c->Read([c, mode](absl::StatusOr<std::vector<RecvChunk>> r) {
+        c->Read([c, mode](absl::StatusOr<RecvChunks> r) {
           if (!r.ok()) return;
           if (mode == 'e') {
             auto keep = std::make_shared<std::string>();
@@ -121,7 +121,7 @@ void ReadBytes(Connection& c, size_t n) {
   std::promise<void> done;
   std::atomic<size_t> got{0};
   std::function<void()> next = [&] {
-    c.Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
+    c.Read([&](absl::StatusOr<RecvChunks> r) {
       if (!r.ok()) Die("read failed: " + std::string(r.status().message()));
       for (auto& ch : *r) got += ch.size();
       if (got >= n) done.set_value();

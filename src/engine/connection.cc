@@ -274,7 +274,7 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
 
 // ----------------------------------------------------------- application ---
 
-void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
+void ConnImpl::Write(absl::Span<const iovec> data, WriteDone done) {
   Deferred d;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -284,7 +284,7 @@ void ConnImpl::Write(std::vector<iovec> data, WriteDone done) {
     } else {
       WriteOp op;
       for (const iovec& v : data) op.total += v.iov_len;
-      op.iov = std::move(data);
+      op.iov.assign(data.begin(), data.end());
       op.done = std::move(done);
       if (op.total == 0) {
         d.Done(std::move(op.done), absl::OkStatus());
@@ -323,8 +323,7 @@ void ConnImpl::Shutdown(absl::Status why) {
     RearmIfSendsAwaitedLocked(&d);  // a disconnect may wait for our sends
     // Later reads fail: what arrived and was not read goes (its buffers
     // back to the pool, outside the lock).
-    auto unread = std::make_shared<std::deque<RecvChunk>>(std::move(ready_));
-    ready_.clear();
+    auto unread = std::make_shared<RingQueue<RecvChunk>>(std::move(ready_));
     d.push_back([unread] {});
   }
   d.Run();

@@ -40,6 +40,7 @@
 #include "engine/deferred.h"
 #include "engine/engine.h"
 #include "engine/flow.h"
+#include "engine/ring.h"
 #include "engine/wire.h"
 #include "verbs/verbs.h"
 
@@ -55,7 +56,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   ~ConnImpl() override;
 
   // Connection (each takes mu_).
-  void Write(std::vector<iovec> data, WriteDone done) override;
+  void Write(absl::Span<const iovec> data, WriteDone done) override;
   void Read(ReadDone done) override;
   void Shutdown(absl::Status why) override;
   int event_fd() const override { return channel_fd(); }
@@ -168,7 +169,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     absl::Status status;    // what done reports (a failed chunk, a close)
   };
   struct WriteOp {
-    std::vector<iovec> iov;
+    absl::InlinedVector<iovec, 4> iov;  // gRPC's writes of small messages: 1-3
     size_t total = 0;
     size_t copied = 0;   // bytes taken out of iov so far
     bool rts_sent = false;
@@ -330,7 +331,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     return !inflight_.empty() || inline_inflight_ > 0 || !zc_inflight_.empty();
   }
   uint64_t next_wr_ = 1;
-  std::deque<WriteOp> writes_;
+  RingQueue<WriteOp> writes_;
   std::deque<OutGrant> out_grants_;   // the peer's CTS for writes_.front()
   size_t out_next_offset_ = 0;  // next grant offset expected for writes_.front()
   std::deque<OutGrant> standing_in_;  // the peer's standing grants for us
@@ -347,7 +348,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool waiting_budget_ = false;
   std::atomic<bool> budget_woken_{false};  // set by the budget's wake-up
   // Reader side.
-  std::deque<RecvChunk> ready_;
+  RingQueue<RecvChunk> ready_;
   ReadDone pending_read_;
   bool peer_closed_ = false;
   bool closed_by_flush_ = false;  // a flushed completion closed it

@@ -42,7 +42,7 @@ class Deferred {
     calls_.back().status = std::move(s);
   }
   // `cb(std::move(r))`, later.
-  void Deliver(Connection::ReadDone cb, absl::StatusOr<std::vector<RecvChunk>> r) {
+  void Deliver(Connection::ReadDone cb, absl::StatusOr<RecvChunks> r) {
     calls_.emplace_back();
     calls_.back().read = std::move(cb);
     calls_.back().result = std::move(r);
@@ -72,7 +72,7 @@ class Deferred {
     Connection::WriteDone write;
     absl::Status status;
     Connection::ReadDone read;
-    absl::StatusOr<std::vector<RecvChunk>> result;
+    absl::StatusOr<RecvChunks> result;
   };
   absl::InlinedVector<Call, 4> calls_;
 };

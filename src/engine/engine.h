@@ -7,7 +7,7 @@
 //   engine->Listen(addr, [](std::shared_ptr<Connection> c) { ... });
 //   engine->Connect(addr, 1000, [](absl::StatusOr<std::shared_ptr<Connection>> c) { ... });
 //   conn->Write({iov...}, [](absl::Status s) { /* buffers may be reused */ });
-//   conn->Read([](absl::StatusOr<std::vector<RecvChunk>> r) { ... });
+//   conn->Read([](absl::StatusOr<RecvChunks> r) { ... });
 //
 // Small writes are copied into registered buffers and coalesced, up to the
 // peer's TF_RDMA_ACC_SIZE, into one SEND (eager, credit-gated); a write
@@ -33,7 +33,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "grpc_rdma/options.h"
 #include "grpc_rdma/stats.h"
 
@@ -93,19 +95,24 @@ class RecvChunk {
   void (*owner_release_)(void*) = nullptr;
 };
 
+// What one read hands over: the chunks received, in order. Most reads of
+// small messages hand over one or two, which then need no heap.
+using RecvChunks = absl::InlinedVector<RecvChunk, 2>;
+
 // One connection's counters (grpc_rdma/stats.h says what each counts).
 using ConnectionStats = StreamStats;
 
 class Connection {
  public:
   using WriteDone = std::function<void(absl::Status)>;
-  using ReadDone = std::function<void(absl::StatusOr<std::vector<RecvChunk>>)>;
+  using ReadDone = std::function<void(absl::StatusOr<RecvChunks>)>;
 
   virtual ~Connection() = default;
-  // Queues `data` (borrowed until `done` runs) for the peer, in order after
-  // earlier writes. `done` runs once the bytes are out of `data`'s buffers:
-  // OK, or UNAVAILABLE if the connection closed first.
-  virtual void Write(std::vector<iovec> data, WriteDone done) = 0;
+  // Queues the bytes `data` points at (borrowed until `done` runs; the
+  // iovecs themselves are copied before Write returns) for the peer, in
+  // order after earlier writes. `done` runs once the bytes are out of
+  // `data`'s buffers: OK, or UNAVAILABLE if the connection closed first.
+  virtual void Write(absl::Span<const iovec> data, WriteDone done) = 0;
   // `done` runs once with the bytes available (at least one), or with
   // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown).
   // One read at a time.

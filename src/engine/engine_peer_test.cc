@@ -51,7 +51,7 @@ struct Drain {
   bool finished = false;
   Drain(std::shared_ptr<Connection> c, size_t w) : want(w) { Next(std::move(c)); }
   void Next(std::shared_ptr<Connection> c) {
-    c->Read([this, c](absl::StatusOr<std::vector<RecvChunk>> r) {
+    c->Read([this, c](absl::StatusOr<RecvChunks> r) {
       {
         std::lock_guard<std::mutex> l(mu);
         if (finished) return;
@@ -1722,7 +1722,7 @@ TEST(EnginePeers, AUsedGrantIsClosedToThePeer) {
   auto se = Engine::Create(Options{});
   ASSERT_TRUE(se.ok());
   auto port = (*se)->Listen(Loopback(0), [&](std::shared_ptr<Connection> c) {
-    c->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
+    c->Read([&](absl::StatusOr<RecvChunks> r) {
       if (!r.ok()) return;
       std::lock_guard<std::mutex> l(mu);
       for (RecvChunk& ch : *r) held.push_back(std::move(ch));  // held, not given back

@@ -61,9 +61,9 @@ class Sink {
 
  private:
   void Next() {
-    c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r) { Handle(std::move(r)); });
+    c_->Read([this](absl::StatusOr<RecvChunks> r) { Handle(std::move(r)); });
   }
-  void Handle(absl::StatusOr<std::vector<RecvChunk>> r) {
+  void Handle(absl::StatusOr<RecvChunks> r) {
     {
       std::lock_guard<std::mutex> l(mu_);
       if (!r.ok()) {
@@ -79,7 +79,7 @@ class Sink {
       cv_.notify_all();
     }
     // Not under mu_: Read may run its callback at once, on this thread.
-    c_->Read([this](absl::StatusOr<std::vector<RecvChunk>> r2) { Handle(std::move(r2)); });
+    c_->Read([this](absl::StatusOr<RecvChunks> r2) { Handle(std::move(r2)); });
   }
 
   std::shared_ptr<Connection> c_;
@@ -215,7 +215,7 @@ TEST(Engine, WritesThatWaitForThePeersCreditsAreCounted) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::promise<std::string> first;
-  p.s->Read([&, released](absl::StatusOr<std::vector<RecvChunk>> r) {
+  p.s->Read([&, released](absl::StatusOr<RecvChunks> r) {
     std::string got;
     if (r.ok()) {
       for (RecvChunk& ch : *r) got.append(ch.data(), ch.size());
@@ -261,7 +261,7 @@ TEST(Engine, SmallWritesQueuedBehindCreditsShareSends) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::promise<std::string> first;
-  p.s->Read([&, released](absl::StatusOr<std::vector<RecvChunk>> r) {
+  p.s->Read([&, released](absl::StatusOr<RecvChunks> r) {
     std::string got;
     if (r.ok()) {
       for (RecvChunk& ch : *r) got.append(ch.data(), ch.size());
@@ -447,14 +447,14 @@ std::vector<RecvChunk> ReadAtLeast(Connection& c, size_t n) {
   std::vector<RecvChunk> got;
   size_t have = 0;
   while (have < n) {
-    std::promise<absl::StatusOr<std::vector<RecvChunk>>> done;
-    c.Read([&](absl::StatusOr<std::vector<RecvChunk>> r) { done.set_value(std::move(r)); });
+    std::promise<absl::StatusOr<RecvChunks>> done;
+    c.Read([&](absl::StatusOr<RecvChunks> r) { done.set_value(std::move(r)); });
     auto f = done.get_future();
     if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
       ADD_FAILURE() << "no bytes within 10 s";
       break;
     }
-    absl::StatusOr<std::vector<RecvChunk>> r = f.get();
+    absl::StatusOr<RecvChunks> r = f.get();
     if (!r.ok()) {
       ADD_FAILURE() << r.status();
       break;
@@ -610,7 +610,7 @@ TEST(Engine, ReadsFailAfterLocalShutdownWithUnreadData) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let it land
   p.s->Shutdown(absl::UnavailableError("server gone"));
   std::promise<absl::Status> read;
-  p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) { read.set_value(r.status()); });
+  p.s->Read([&](absl::StatusOr<RecvChunks> r) { read.set_value(r.status()); });
   absl::Status s = read.get_future().get();
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   p.Close();
@@ -636,8 +636,8 @@ TEST(Engine, LentChunkOutlivingItsConnectionFreesItsPd) {
       ASSERT_TRUE(WriteAll(*p.c, Pattern(1 << 20, 3)).ok());
       size_t got = 0;
       while (got < (1u << 20)) {
-        std::promise<absl::StatusOr<std::vector<RecvChunk>>> r;
-        p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> x) { r.set_value(std::move(x)); });
+        std::promise<absl::StatusOr<RecvChunks>> r;
+        p.s->Read([&](absl::StatusOr<RecvChunks> x) { r.set_value(std::move(x)); });
         auto chunks = r.get_future().get();
         ASSERT_TRUE(chunks.ok()) << chunks.status();
         for (RecvChunk& c : *chunks) {
@@ -849,7 +849,7 @@ TEST(Engine, AHostPolledConnectionIsHandledByTheHostOrElseByThePoller) {
     std::mutex mu;
     std::string got;
     std::thread::id reader;
-    p.s->Read([&](absl::StatusOr<std::vector<RecvChunk>> r) {
+    p.s->Read([&](absl::StatusOr<RecvChunks> r) {
       std::lock_guard<std::mutex> l(mu);
       reader = std::this_thread::get_id();
       if (r.ok())

@@ -1,11 +1,15 @@
 // The engine's rules that need no device: flow control (flow.h), sizing
-// (plan.h) and the Hello parser (wire.h).
+// (plan.h), the Hello parser (wire.h) and the queues that keep their room
+// (ring.h).
 #include <gtest/gtest.h>
 #include <string.h>
+
+#include <memory>
 
 #include "config/config.h"
 #include "engine/flow.h"
 #include "engine/plan.h"
+#include "engine/ring.h"
 #include "engine/wire.h"
 
 namespace grpc_rdma {
@@ -259,6 +263,61 @@ TEST(Wire, OlderHelloReadsTheNewFieldsAsZero) {
   memcpy(padded, &h, sizeof(h));
   EXPECT_EQ(wire::ParseHello(padded, sizeof(padded), kMaxEngineAccSize, &out), nullptr);
   EXPECT_EQ(out.max_chunk, h.max_chunk);
+}
+
+}  // namespace
+}  // namespace grpc_rdma
+
+// ------------------------------------------------------------ RingQueue ---
+
+namespace grpc_rdma {
+namespace {
+
+TEST(RingQueue, KeepsOrderAcrossWrapAndGrowth) {
+  RingQueue<int> q;
+  int next_in = 0, next_out = 0;
+  // Fill and drain unevenly so the head wraps before and after each growth.
+  for (int round = 0; round < 50; ++round) {
+    for (int i = 0; i < round % 7 + 1; ++i) q.push_back(next_in++);
+    for (int i = 0; i < round % 5 && !q.empty(); ++i) {
+      ASSERT_EQ(q.front(), next_out++);
+      q.pop_front();
+    }
+    int expect = next_out;
+    size_t seen = 0;
+    for (int v : q) {
+      ASSERT_EQ(v, expect++);
+      ++seen;
+    }
+    ASSERT_EQ(seen, q.size());
+    if (!q.empty()) {
+      EXPECT_EQ(q.back(), next_in - 1);
+      EXPECT_EQ(q[0], next_out);
+    }
+  }
+  while (!q.empty()) {
+    ASSERT_EQ(q.front(), next_out++);
+    q.pop_front();
+  }
+  EXPECT_EQ(next_out, next_in);
+}
+
+TEST(RingQueue, PoppedEntriesAreReleasedAndMovesEmptyTheSource) {
+  auto held = std::make_shared<int>(7);
+  RingQueue<std::shared_ptr<int>> q;
+  q.push_back(held);
+  q.push_back(held);
+  EXPECT_EQ(held.use_count(), 3);
+  q.pop_front();
+  EXPECT_EQ(held.use_count(), 2) << "a popped slot still holds its entry";
+  RingQueue<std::shared_ptr<int>> moved(std::move(q));
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(moved.size(), 1u);
+  q.push_back(held);  // the moved-from queue is usable
+  EXPECT_EQ(q.size(), 1u);
+  moved.clear();
+  q.clear();
+  EXPECT_EQ(held.use_count(), 1);
 }
 
 }  // namespace

@@ -136,7 +136,7 @@ void ConnImpl::PostRepostsLocked(Deferred* d) {
 void ConnImpl::DeliverLocked(Deferred* d) {
   if (!pending_read_) return;
   if (!ready_.empty()) {
-    std::vector<RecvChunk> out;
+    RecvChunks out;
     out.reserve(ready_.size());
     while (!ready_.empty()) {
       out.push_back(std::move(ready_.front()));

@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "glue/handoff.h"
 #include "glue/runtime.h"
+#include "glue/slice_pool.h"
 #include "glue/stats.h"
 #include "glue/trace.h"
 #include "src/core/lib/iomgr/closure.h"
@@ -38,6 +40,13 @@ struct State {
   bool polling = false;  // acquired gRPC polling of the engine
   bool shut_down = false;  // released by gRPC's shutdown (before its destroy)
   PollRegistration* conn_polling = nullptr;  // gRPC polls the connection's own descriptor
+  // The read in progress (gRPC has one at a time per endpoint): kept here,
+  // not in the engine's callback, so that callback holds one pointer and
+  // std::function keeps it without the heap. `reading` holds this state
+  // until the read completes.
+  std::shared_ptr<State> reading;
+  grpc_slice_buffer* read_slices = nullptr;
+  grpc_closure* read_cb = nullptr;
   // Received bytes copied into gRPC slices here (small chunks): the
   // connection's bytes_copied_on_receive besides the engine's.
   std::atomic<uint64_t> bytes_copied{0};
@@ -61,13 +70,7 @@ std::string GrpcAddress(const std::string& engine_address) {
   return absl::StrCat("ipv4:", engine_address.substr(kRdma.size()), "?transport=rdma");
 }
 
-void* AllocateSlice(size_t size, char** data) {
-  // Never inlined: the bytes must live in the refcounted block, which is
-  // the owner token.
-  grpc_slice s = grpc_slice_malloc_large(size);
-  *data = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(s));
-  return s.refcount;
-}
+void* AllocateSlice(size_t size, char** data) { return AllocatePooledSlice(size, data); }
 
 grpc_slice SliceOf(void* owner, const char* data, size_t size) {
   grpc_slice s;
@@ -150,7 +153,14 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
     RunClosure(cb, ToGrpcError(gone));
     return;
   }
-  conn->Read([st, slices, cb](absl::StatusOr<std::vector<RecvChunk>> r) {
+  State* raw = st.get();
+  raw->read_slices = slices;
+  raw->read_cb = cb;
+  raw->reading = std::move(st);
+  conn->Read([raw](absl::StatusOr<RecvChunks> r) {
+    std::shared_ptr<State> st = std::move(raw->reading);
+    grpc_slice_buffer* slices = raw->read_slices;
+    grpc_closure* cb = raw->read_cb;
     if (!r.ok()) {
       grpc_slice_buffer_reset_and_unref(slices);
       GRPC_RDMA_TRACE("%s: read ended: %s", st->peer.c_str(),
@@ -167,8 +177,7 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
 
 void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, void* /*arg*/,
              int /*max_frame_size*/) {
-  std::vector<iovec> iov;
-  iov.reserve(slices->count);
+  absl::InlinedVector<iovec, 8> iov;  // the engine copies it: no heap for small writes
   for (size_t i = 0; i < slices->count; ++i) {
     size_t n = GRPC_SLICE_LENGTH(slices->slices[i]);
     if (n > 0) iov.push_back({GRPC_SLICE_START_PTR(slices->slices[i]), n});
@@ -181,7 +190,7 @@ void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, voi
   }
   NoteRdmaActivity();  // the answer is due soon: gRPC's poller may spin for it
   // The slices stay the caller's, untouched, until cb runs.
-  conn->Write(std::move(iov), [cb](absl::Status s) {
+  conn->Write(iov, [cb](absl::Status s) {
     RunClosure(cb, s.ok() ? absl::OkStatus() : ToGrpcError(s));
   });
 }

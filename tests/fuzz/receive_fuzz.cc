@@ -55,6 +55,7 @@ namespace {
 using grpc_rdma::Connection;
 using grpc_rdma::Engine;
 using grpc_rdma::RecvChunk;
+using grpc_rdma::RecvChunks;
 namespace wire = grpc_rdma::wire;
 using Clock = std::chrono::steady_clock;
 
@@ -82,7 +83,7 @@ struct Server {
 Server* g_server = nullptr;
 
 void ReadOn(std::shared_ptr<Connection> c, uint64_t gen) {
-  c->Read([c, gen](absl::StatusOr<std::vector<RecvChunk>> r) {
+  c->Read([c, gen](absl::StatusOr<RecvChunks> r) {
     {
       std::lock_guard<std::mutex> l(g_server->mu);
       if (gen != g_server->generation) return;

@@ -38,7 +38,7 @@ bool ReadPreface(const std::shared_ptr<Connection>& c) {
   while (got < 24) {
     auto done = std::make_shared<std::promise<size_t>>();
     std::future<size_t> f = done->get_future();
-    c->Read([done](absl::StatusOr<std::vector<grpc_rdma::RecvChunk>> r) {
+    c->Read([done](absl::StatusOr<grpc_rdma::RecvChunks> r) {
       size_t n = 0;
       if (r.ok()) {
         for (const auto& ch : *r) n += ch.size();
