@@ -307,8 +307,14 @@ void ConnImpl::Read(ReadDone done) {
     std::lock_guard<std::mutex> g(mu_);
     ++reads_called_;
     last_read_us_ = NowMicros();
-    pending_read_ = std::move(done);
-    DeliverLocked(&d);
+    if (pending_read_) {
+      // One read at a time: the pending one stays, and is still called.
+      d.Deliver(std::move(done), absl::FailedPreconditionError(
+                                     "Read called while another read is pending"));
+    } else {
+      pending_read_ = std::move(done);
+      DeliverLocked(&d);
+    }
   }
   d.Run();
   DrainPending();

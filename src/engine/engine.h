@@ -114,8 +114,9 @@ class Connection {
   // `data`'s buffers: OK, or UNAVAILABLE if the connection closed first.
   virtual void Write(absl::Span<const iovec> data, WriteDone done) = 0;
   // `done` runs once with the bytes available (at least one), or with
-  // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown).
-  // One read at a time.
+  // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown):
+  // always, at the latest when the connection closes. One read at a time:
+  // a Read while one is pending fails at once with FAILED_PRECONDITION.
   virtual void Read(ReadDone done) = 0;
   // Fails pending and later reads and writes with `why` (UNAVAILABLE); data
   // received and not read is dropped. Writes already reported done still

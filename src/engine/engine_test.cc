@@ -616,6 +616,35 @@ TEST(Engine, ReadsFailAfterLocalShutdownWithUnreadData) {
   p.Close();
 }
 
+// One read at a time: a second Read fails at once, and the pending one
+// still gets the bytes (the glue relies on every read being called back).
+TEST(Engine, ASecondPendingReadFailsAndTheFirstStillCompletes) {
+  Pair p;
+  ASSERT_TRUE(p.Open(Options{}));
+  std::promise<absl::StatusOr<size_t>> first;
+  p.s->Read([&](absl::StatusOr<RecvChunks> r) {
+    if (!r.ok()) {
+      first.set_value(r.status());
+      return;
+    }
+    size_t n = 0;
+    for (const RecvChunk& c : *r) n += c.size();
+    first.set_value(n);
+  });
+  std::promise<absl::Status> second;
+  p.s->Read([&](absl::StatusOr<RecvChunks> r) { second.set_value(r.status()); });
+  auto f2 = second.get_future();
+  ASSERT_EQ(f2.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_EQ(f2.get().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(WriteAll(*p.c, Pattern(100, 3)).ok());
+  auto f1 = first.get_future();
+  ASSERT_EQ(f1.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  absl::StatusOr<size_t> got = f1.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT(*got, 0u);
+  p.Close();
+}
+
 }  // namespace
 }  // namespace grpc_rdma
 

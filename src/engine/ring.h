@@ -8,6 +8,7 @@
 #ifndef GRPC_RDMA_SRC_ENGINE_RING_H_
 #define GRPC_RDMA_SRC_ENGINE_RING_H_
 
+#include <cassert>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -52,6 +53,7 @@ class RingQueue {
     ++size_;
   }
   void pop_front() {
+    assert(!empty());
     slots_[head_] = T();
     head_ = (head_ + 1) & (slots_.size() - 1);
     --size_;

@@ -31,7 +31,7 @@ constexpr size_t kCopyBelow = 512;
 // The shared state of one endpoint: the grpc_endpoint itself goes at
 // destroy, while callbacks the engine still owes hold this.
 struct State {
-  std::mutex mu;  // guards conn, released, shut_down and why (gRPC serialises the rest)
+  std::mutex mu;  // guards conn, released, shut_down, why and the read's fields (gRPC serialises the rest)
   std::shared_ptr<Connection> conn;  // null once released (Release)
   bool released = false;
   absl::Status why;  // what released it: later reads and writes fail with it
@@ -40,10 +40,11 @@ struct State {
   bool polling = false;  // acquired gRPC polling of the engine
   bool shut_down = false;  // released by gRPC's shutdown (before its destroy)
   PollRegistration* conn_polling = nullptr;  // gRPC polls the connection's own descriptor
-  // The read in progress (gRPC has one at a time per endpoint): kept here,
-  // not in the engine's callback, so that callback holds one pointer and
-  // std::function keeps it without the heap. `reading` holds this state
-  // until the read completes.
+  // The read in progress (gRPC has one at a time per endpoint), guarded by
+  // mu: kept here, not in the engine's callback, so that callback holds
+  // one pointer and std::function keeps it without the heap. `reading`
+  // holds this state until the read completes (the engine calls every
+  // read's callback once, at the latest when the connection closes).
   std::shared_ptr<State> reading;
   grpc_slice_buffer* read_slices = nullptr;
   grpc_closure* read_cb = nullptr;
@@ -86,7 +87,9 @@ grpc_slice ToSlice(RecvChunk chunk, std::atomic<uint64_t>* copied) {
   if (chunk.owner() != nullptr) {  // in a slice already (SliceChunkMemory)
     const char* data = chunk.data();
     size_t size = chunk.size();
-    return SliceOf(chunk.TakeOwner(), data, size);
+    void* owner = chunk.TakeOwner();
+    HandedToGrpc(owner);  // its last unref (slice_pool.cc) may come on any thread
+    return SliceOf(owner, data, size);
   }
   if (chunk.size() < kCopyBelow) {
     copied->fetch_add(chunk.size(), std::memory_order_relaxed);
@@ -154,13 +157,25 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
     return;
   }
   State* raw = st.get();
-  raw->read_slices = slices;
-  raw->read_cb = cb;
-  raw->reading = std::move(st);
+  {
+    // Under mu: the callback may run on the engine's thread, and the next
+    // read on another, ordered only by gRPC (which ThreadSanitizer does
+    // not see).
+    std::lock_guard<std::mutex> g(raw->mu);
+    raw->read_slices = slices;
+    raw->read_cb = cb;
+    raw->reading = std::move(st);
+  }
   conn->Read([raw](absl::StatusOr<RecvChunks> r) {
-    std::shared_ptr<State> st = std::move(raw->reading);
-    grpc_slice_buffer* slices = raw->read_slices;
-    grpc_closure* cb = raw->read_cb;
+    std::shared_ptr<State> st;
+    grpc_slice_buffer* slices;
+    grpc_closure* cb;
+    {
+      std::lock_guard<std::mutex> g(raw->mu);
+      st = std::move(raw->reading);
+      slices = raw->read_slices;
+      cb = raw->read_cb;
+    }
     if (!r.ok()) {
       grpc_slice_buffer_reset_and_unref(slices);
       GRPC_RDMA_TRACE("%s: read ended: %s", st->peer.c_str(),

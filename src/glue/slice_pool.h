@@ -6,10 +6,13 @@
 // one heap allocation left per message. Here a slice of up to
 // kLargestPooled bytes comes from a free list of blocks of its size class
 // (the slice's refcount, then its bytes, in one block), and goes back to it
-// when gRPC drops its last reference, on whatever thread that is. Each
-// class keeps at most kKeptPerClass bytes of free blocks (the rest go back
-// to the heap), so the pool holds at most a few MiB however many slices an
-// application once held. Larger slices are gRPC's own.
+// when gRPC drops its last reference, on whatever thread that is. Each of
+// the seven classes (powers of two, 256 B to 16 KiB) keeps at most
+// kKeptPerClass bytes of free blocks (the rest go back to the heap), so
+// the pool holds at most 3.5 MiB however many slices an application once
+// held. Larger slices are gRPC's own. The slice's owner hands it to gRPC
+// with HandedToGrpc (glue/handoff.h): the block's last unref may come on
+// any thread.
 #ifndef GRPC_RDMA_SRC_GLUE_SLICE_POOL_H_
 #define GRPC_RDMA_SRC_GLUE_SLICE_POOL_H_
 
@@ -21,7 +24,7 @@ struct grpc_slice_refcount;
 namespace grpc_rdma {
 
 constexpr size_t kLargestPooled = 16 * 1024;
-constexpr size_t kKeptPerClass = 1024 * 1024;
+constexpr size_t kKeptPerClass = 512 * 1024;
 
 // A refcounted block of at least `size` bytes at *data; its refcount (1)
 // is the owner token (gRPC's grpc_slice_malloc_large for sizes above
