@@ -337,7 +337,6 @@ void EngineImpl::PollerMain() {
       }
     }
     may_block_.store(false);
-    waiting_for_good_.store(false);
     Deferred d;
     {
       {

@@ -60,6 +60,27 @@ int Serve(const std::string& addr, const std::string& cert, const std::string& k
   return grpc_rdma_test::ServeUntilStdinCloses(addr, creds, options);
 }
 
+// One unary call of `n` pattern bytes (`seed`), its answer checked: true
+// when every byte came back. `what` names the call in the messages.
+bool CheckedUnary(Echo::Stub& stub, size_t n, uint32_t seed, const std::string& what,
+                  Blob* resp) {
+  Blob req;
+  req.set_data(grpc_rdma_test::Pattern(n, seed));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  grpc::Status s = stub.Unary(&ctx, req, resp);
+  if (!s.ok()) {
+    fprintf(stderr, "echo_tool: %s: %s (code %d)\n", what.c_str(), s.error_message().c_str(),
+            static_cast<int>(s.error_code()));
+    return false;
+  }
+  if (resp->data() != req.data()) {
+    fprintf(stderr, "echo_tool: %s came back different\n", what.c_str());
+    return false;
+  }
+  return true;
+}
+
 int Call(const std::string& target, const std::string& ca, const std::string& host) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args = grpc_rdma_test::BigMessageArgs();
@@ -77,20 +98,8 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
   args.SetInt("echo_tool.channel", channel);
   auto stub = Echo::NewStub(grpc::CreateCustomChannel(target, creds, args));
   for (size_t n : kSizes) {
-    Blob req, resp;
-    req.set_data(grpc_rdma_test::Pattern(n, seed++));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    grpc::Status s = stub->Unary(&ctx, req, &resp);
-    if (!s.ok()) {
-      fprintf(stderr, "echo_tool: %zu bytes: %s (code %d)\n", n, s.error_message().c_str(),
-              static_cast<int>(s.error_code()));
-      return 1;
-    }
-    if (resp.data() != req.data()) {
-      fprintf(stderr, "echo_tool: %zu bytes came back different\n", n);
-      return 1;
-    }
+    Blob resp;
+    if (!CheckedUnary(*stub, n, seed++, std::to_string(n) + " bytes", &resp)) return 1;
     printf("ok %zu bytes, server saw peer %s\n", n, resp.peer().c_str());
   }
   }
@@ -101,20 +110,9 @@ int PingPong(const std::string& target, int calls) {
   auto stub = Echo::NewStub(grpc::CreateCustomChannel(
       target, grpc::InsecureChannelCredentials(), grpc_rdma_test::BigMessageArgs()));
   for (int i = 0; i < calls; ++i) {
-    Blob req, resp;
-    req.set_data(grpc_rdma_test::Pattern(64, static_cast<uint32_t>(i)));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    grpc::Status s = stub->Unary(&ctx, req, &resp);
-    if (!s.ok()) {
-      fprintf(stderr, "echo_tool: call %d: %s (code %d)\n", i, s.error_message().c_str(),
-              static_cast<int>(s.error_code()));
+    Blob resp;
+    if (!CheckedUnary(*stub, 64, static_cast<uint32_t>(i), "call " + std::to_string(i), &resp))
       return 1;
-    }
-    if (resp.data() != req.data()) {
-      fprintf(stderr, "echo_tool: call %d came back different\n", i);
-      return 1;
-    }
   }
   printf("ok %d calls\n", calls);
   return 0;
