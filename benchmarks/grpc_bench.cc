@@ -17,11 +17,14 @@
 //            (from its counters)
 //   rate     --clients N        N channels, one thread each, 64 B unary
 //                               calls: calls per second
-//   connect                     a new channel per call, each closed after
+//   connect  [--gap-ms G]       a new channel per call, each closed after
 //                               its first 64 B unary call: p50, p99 of that
 //                               first call, connection set-up included
 //                               (what a short-lived client or a new worker
-//                               meets; microseconds)
+//                               meets; microseconds). Back to back, or G ms
+//                               apart: then each meets no work left by the
+//                               one before (its teardown, a set-up it
+//                               started and never used)
 //   ps       --model resnet50|vgg16 --workers W --steps S
 //            parameter-server training traffic: each step every worker
 //            sends each variable's gradient and gets the parameter back
@@ -71,6 +74,7 @@ struct Args {
   int steps = 3;
   double seconds = 1.0;
   int server_pid = 0;
+  int gap_ms = 0;  // connect: pause between channels
 };
 
 [[noreturn]] void Die(const std::string& why) {
@@ -384,10 +388,13 @@ class Bench {
     for (int i = 0; i < 3; ++i) once();  // warm-up: the server's first accepts
     std::vector<double> us;
     auto end = Clock::now() + std::chrono::duration<double>(a_.seconds);
-    while ((Clock::now() < end || us.size() < 20) && us.size() < 2000) us.push_back(once());
+    while ((Clock::now() < end || us.size() < 20) && us.size() < 2000) {
+      us.push_back(once());
+      if (a_.gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(a_.gap_ms));
+    }
     std::sort(us.begin(), us.end());
-    printf("{\"suite\":\"connect\",\"n\":%zu,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", us.size(),
-           us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]);
+    printf("{\"suite\":\"connect\",\"n\":%zu,\"gap_ms\":%d,\"p50_us\":%.2f,\"p99_us\":%.2f}\n",
+           us.size(), a_.gap_ms, us[us.size() / 2], us[std::min(us.size() - 1, us.size() * 99 / 100)]);
     fflush(stdout);
   }
 
@@ -458,7 +465,8 @@ int Usage() {
           "usage: grpc_bench serve ADDR\n"
           "       grpc_bench run (--target HOST:PORT | --inprocess) "
           "(latency --sizes N,... | stream --sizes N,... | rate [--clients N] |\n"
-          "         connect | ps [--model resnet50|vgg16] [--workers W] [--steps S]) [--seconds X]\n"
+          "         connect [--gap-ms G] | ps [--model resnet50|vgg16] [--workers W] [--steps S])\n"
+          "         [--seconds X]\n"
           "         [--server-pid P]\n");
   return 2;
 }
@@ -487,6 +495,7 @@ int main(int argc, char** argv) {
     else if (k == "--workers") a.workers = std::max(1, atoi(next().c_str()));
     else if (k == "--steps") a.steps = std::max(1, atoi(next().c_str()));
     else if (k == "--seconds") a.seconds = atof(next().c_str());
+    else if (k == "--gap-ms") a.gap_ms = std::max(0, atoi(next().c_str()));
     else if (k == "--server-pid") {
       a.server_pid = atoi(next().c_str());
       if (a.server_pid <= 0) Die("--server-pid: expected a process id");
