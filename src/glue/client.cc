@@ -98,16 +98,7 @@ void StartRdmaBeside(Attempt* a) {
         if (!grpc_core::ApplicationCallbackExecCtx::Available()) callback_exec_ctx.emplace();
         if (grpc_core::ExecCtx::Get() == nullptr) exec_ctx.emplace();
         if (r.ok()) {
-          // Connected, which says little yet: a server that joins none
-          // closes it, and the endpoint drops it (on_dropped).
-          SetOnDropped(sw, [key, started] {
-            GlobalCounters().fallbacks.fetch_add(1);
-            bool remembered = Runtime::Get()->RememberFailure(key, started);
-            GRPC_RDMA_TRACE("%s: the server did not join RDMA to the TCP connection: it stays "
-                            "on TCP%s",
-                            key.c_str(),
-                            remembered ? "; TCP only for it for TF_RDMA_FALLBACK_TTL_S" : "");
-          });
+          Runtime::Get()->ForgetFailure(key);
           AttachRdma(sw, std::move(*r));  // tcp_first_moved counts once it moves
           return;
         }

@@ -20,7 +20,6 @@
 #include "glue/switch_endpoint.h"
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
-#include "src/core/lib/event_engine/default_event_engine.h"
 #include "src/core/lib/iomgr/exec_ctx.h"
 
 namespace grpc_rdma {
@@ -170,26 +169,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
       if (J().rdma.size() >= kMaxEarly || J().rdma.count(key) != 0) {
         expired.push_back(std::move(conn));
       } else {
-        std::weak_ptr<Connection> waiting = conn;
         J().rdma[key] = {std::move(conn), std::chrono::steady_clock::now() + kJoinWait};
-        // Closed after kJoinWait even if nothing else comes to sweep it:
-        // its client waits on it (for our header) until then.
-        grpc_event_engine::experimental::GetDefaultEventEngine()->RunAfter(
-            kJoinWait, [key, waiting] {
-              std::shared_ptr<Connection> late;
-              {
-                std::lock_guard<std::mutex> g(J().mu);
-                auto it = J().rdma.find(key);
-                if (it != J().rdma.end() && it->second.conn == waiting.lock()) {
-                  late = std::move(it->second.conn);
-                  J().rdma.erase(it);
-                }
-              }
-              if (late != nullptr) {
-                std::vector<std::shared_ptr<Connection>> one{std::move(late)};
-                DropEarly(&one);
-              }
-            });
       }
     }
   }

@@ -39,10 +39,6 @@ struct Switch : std::enable_shared_from_this<Switch> {
   // Runs once when the endpoint goes (shut down, destroyed or failed)
   // before an RDMA connection joined: the client cancels its connect.
   std::function<void()> on_gone;
-  // Runs once if the RDMA connection is dropped before this side's writes
-  // moved (the peer refused the join, or is no switch): the client notes
-  // the address as one without RDMA, as for any fallback.
-  std::function<void()> on_dropped;
   bool inner_gone = false;  // the inner endpoints were destroyed
   // A fault that ends the endpoint (the peer broke the switch's protocol).
   grpc_error_handle fatal;
@@ -135,7 +131,6 @@ struct Actions {
   grpc_endpoint* fail_tcp = nullptr;
   grpc_endpoint* fail_rdma = nullptr;
   std::function<void()> gone;  // Switch::on_gone, to run
-  std::function<void()> dropped;  // Switch::on_dropped, to run
 };
 
 // Under mu: the header goes out on the RDMA connection and writes follow
@@ -191,8 +186,6 @@ void DropRdmaLocked(Switch* s, const char* why, Actions* a) {
     a->drop_rdma = s->rdma;
     ++s->calls_out;
   }
-  a->dropped = std::move(s->on_dropped);
-  s->on_dropped = nullptr;
 }
 
 // Under mu: what to do next for gRPC's read and the inner reads.
@@ -284,7 +277,6 @@ void DestroyInner(grpc_endpoint* tcp, grpc_endpoint* rdma) {
 void Run(Switch* s, Actions* a) {
   bool called = a->start_tcp_read || a->start_rdma_read || a->forward_cb != nullptr;
   int extra_calls = 0;
-  if (a->dropped) a->dropped();  // counted before the connection is seen closed
   if (a->drop_rdma != nullptr) {
     grpc_endpoint_shutdown(a->drop_rdma, SwitchError("the RDMA connection is not used"));
     ++extra_calls;
@@ -368,15 +360,10 @@ void OnRdmaHeaderRead(void* arg, grpc_error_handle error) {
     s->rdma_read_pending = false;
     if (!error.ok()) {
       grpc_slice_buffer_reset_and_unref(&s->rdma_in);
-      if (s->writes_rdma) {
-        // Ours went by RDMA (a server's, from the join on), perhaps lost
-        // with it: the connection fails, as any whose transport broke.
-        FailLocked(s, SwitchError("the RDMA connection ended before the peer's header"), &a);
-      } else {
-        // Nothing went by RDMA either way: the peer's writes are still on
-        // TCP, and so are ours. The RDMA connection is let go.
-        DropRdmaLocked(s, "the RDMA connection ended before the peer's header", &a);
-      }
+      // Nothing came by RDMA: the peer's writes are still on TCP, and the
+      // read direction stays there (a write of ours that went by RDMA
+      // fails on its own). The connection is let go.
+      DropRdmaLocked(s, "the RDMA connection ended before the peer's header", &a);
     } else if (s->destroyed || s->shut_down) {
       grpc_slice_buffer_reset_and_unref(&s->rdma_in);
     } else {
@@ -633,11 +620,6 @@ bool AttachRdma(const std::shared_ptr<Switch>& sw, std::shared_ptr<Connection> c
   }
   Run(s, &a);
   return true;
-}
-
-void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn) {
-  std::lock_guard<std::mutex> g(sw->mu);
-  sw->on_dropped = std::move(fn);
 }
 
 void SetOnGone(const std::shared_ptr<Switch>& sw, std::function<void()> fn) {

@@ -31,9 +31,8 @@ namespace grpc_rdma {
 
 struct Switch;
 
-// "GRDMASW1" (as little-endian bytes), the first 8 bytes of each
-// direction's RDMA stream.
-constexpr uint64_t kSwitchMagic = 0x315753414d445247ull;
+// "GRDMASW1", the first 8 bytes of each direction's RDMA stream.
+constexpr uint64_t kSwitchMagic = 0x3157534d44524447ull;
 constexpr size_t kSwitchHeaderBytes = 16;
 
 // Wraps `tcp` (taken over: destroyed with the endpoint). The returned
@@ -51,10 +50,6 @@ bool AttachRdma(const std::shared_ptr<Switch>& sw, std::shared_ptr<Connection> c
 // an RDMA connection joined it, or at once if it went already: the client
 // cancels its RDMA connect there.
 void SetOnGone(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
-
-// `fn` runs once if the RDMA connection is dropped before this side's
-// writes moved to it (the endpoint stays on TCP). Set before AttachRdma.
-void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
 
 // Whether the endpoint takes no RDMA connection any more: it has one, or
 // gRPC shut it down or destroyed it, or it failed.
