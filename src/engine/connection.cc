@@ -372,31 +372,37 @@ bool ConnImpl::Poll(bool take_events, bool arm) {
   if (!arm && engine_->waiting_for_good_.load(std::memory_order_seq_cst)) engine_->Wake();
   bool did = seen > 0 || !d.empty();
   d.Run();
-  DrainPending();
+  // What a poller left pending meanwhile counts too: its callbacks ran
+  // here, and the caller (a gRPC poller about to block) must know.
+  did |= DrainPending();
   if (did) engine_->host_polls.fetch_add(1, std::memory_order_relaxed);
   return did;
 }
 
-void ConnImpl::LeavePending() {
+bool ConnImpl::LeavePending() {
   poll_pending_.store(true);
-  DrainPending();  // the holder may have let go in between
+  return DrainPending();  // the holder may have let go in between
 }
 
-void ConnImpl::DrainPending() {
+bool ConnImpl::DrainPending() {
+  bool did = false;
   while (poll_pending_.load()) {
     std::unique_lock<std::mutex> l(mu_, std::try_to_lock);
-    if (!l.owns_lock()) return;  // its holder drains after letting go
-    if (!poll_pending_.exchange(false)) return;
+    if (!l.owns_lock()) return did;  // its holder drains after letting go
+    if (!poll_pending_.exchange(false)) return did;
     Deferred d;
     if (channel_ && cq_) {
       TakeEventsLocked();
-      HandleCqLocked(&d);
+      int seen = HandleCqLocked(&d);
       ArmCqLocked();
-      HandleCqLocked(&d);
+      seen += HandleCqLocked(&d);
+      did |= seen > 0;
     }
     l.unlock();
+    did |= !d.empty();
     d.Run();
   }
+  return did;
 }
 
 void ConnImpl::SetHostPolled(bool on) {

@@ -77,11 +77,14 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // connection while others may have work): marks the CQ as owed a look,
   // which whoever holds the lock takes after dropping it (DrainPending);
   // if the lock is free by now, takes it itself. Callbacks run on the
-  // calling thread, with no lock held.
-  void LeavePending();
+  // calling thread, with no lock held. True when it handled something.
+  bool LeavePending();
   // Handles the CQ if a poller left it pending (see LeavePending). Called
-  // after mu_ is dropped on every application path.
-  void DrainPending();
+  // after mu_ is dropped on every application path. True when it handled
+  // something (a completion, a callback run): a host poller's caller must
+  // know, since callbacks may have queued work on its thread (gRPC
+  // closures in its ExecCtx) that it must run before it blocks.
+  bool DrainPending();
 
   // --- with mu() held ---
   absl::Status SetupLocked();                   // PD, CQ, pools, QP, receives

@@ -196,9 +196,10 @@ bool EngineImpl::PollConnections(const ConnList& ready, const ConnList& all, boo
   // Busy: in a copy, a post or another thread's look at its CQ. Waiting
   // for it would hold up every other connection; its holder looks at the
   // CQ when it lets go (or we do, if it has let go by now).
-  for (const auto& c : busy) c->LeavePending();
+  bool drained = false;
+  for (const auto& c : busy) drained |= c->LeavePending();
   if (skipped != nullptr) *skipped |= !busy.empty();
-  return seen > 0 || d->size() > before;
+  return drained || seen > 0 || d->size() > before;
 }
 
 bool EngineImpl::PollNow() {

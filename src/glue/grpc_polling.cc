@@ -258,6 +258,16 @@ bool PollSpinPolled() {
   return true;
 }
 
+// Whether work waits on this thread: gRPC closures that callbacks of
+// completions handled here queued in its ExecCtx. gRPC runs them once the
+// wait returns (end_worker flushes), so a wait that blocks first would
+// keep a delivered read or a finished write from gRPC until something
+// else woke it: the call's answer may be one of them.
+bool WorkQueuedHere() {
+  grpc_core::ExecCtx* ctx = grpc_core::ExecCtx::Get();
+  return ctx != nullptr && ctx->HasWork();
+}
+
 // The caller is about to block in gRPC's set: lets the connection go
 // (armed, with a look). True when it had something: then the caller must
 // not block, and says so with EndBlocking like one that did.
@@ -365,6 +375,7 @@ uint64_t PollerSpins() { return S().spins.load(std::memory_order_relaxed); }
 uint64_t PollerSpinHits() { return S().spin_hits.load(std::memory_order_relaxed); }
 uint64_t PollerSpinPolls() { return S().spin_polls.load(std::memory_order_relaxed); }
 uint64_t PollerSpinBackoffs() { return S().backoffs.load(std::memory_order_relaxed); }
+void SetGrpcEpollSetForTesting(int epfd) { S().grpc_epfd.store(epfd); }
 void NoteRdmaActivity() {
   if (S().window_ns.load(std::memory_order_relaxed) > 0) {
     S().last_activity.store(NowNs(), std::memory_order_relaxed);
@@ -430,9 +441,9 @@ int SpinningEpollWait(int epfd, epoll_event* events, int maxevents, int timeout)
       return real(epfd, events, maxevents, 0);
     }
     // Blocking in gRPC's set: the connection left to the spinner is armed
-    // first.
+    // first, and nothing handled on this thread may wait for the wake-up.
     int n = 0;
-    if (!BeginBlocking()) n = real(epfd, events, maxevents, timeout);
+    if (!BeginBlocking() && !WorkQueuedHere()) n = real(epfd, events, maxevents, timeout);
     EndBlocking();
     return n;
   }

@@ -93,6 +93,9 @@ uint64_t PollerSpins();
 uint64_t PollerSpinHits();
 uint64_t PollerSpinPolls();
 uint64_t PollerSpinBackoffs();
+// Tests: takes `epfd` as gRPC's epoll set (-1: none known), as the first
+// epoll_wait that returns one of our registered descriptors would.
+void SetGrpcEpollSetForTesting(int epfd);
 
 // The IPv4 address of `addr` (plain or v4-mapped IPv6); false for others.
 bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out);
