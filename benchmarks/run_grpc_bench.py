@@ -82,6 +82,11 @@ class Runner:
         # this directory, one file per process, for grpc_bench's CPU figures.
         env = dict(self.env, TF_RDMA_STATS=os.path.join(self.tmp, f"{role}.stats"),
                    SOFTVERBS_DEVICE_CPU_DIR=self.tmp)
+        if role == "server":
+            # It then also joins TF_RDMA_TCP_FIRST clients' connections (the
+            # extra first-call row); clients that connect over RDMA first,
+            # as every other measure's do, meet the same server as before.
+            env["TF_RDMA_TCP_FIRST"] = "1"
         return [self.launcher, "--preload", self.lib], env
 
     def start_server(self, transport):
@@ -118,6 +123,34 @@ class Runner:
         if st["rdma_client_connections"] < 1 or st["tcp_client_connections"] != 0:
             sys.exit(f"run_grpc_bench: rdma run {' '.join(suite_args)} did not ride RDMA: {st}")
         self.rdma_proof = st
+
+    def tcp_first_connect(self, port, server_pid):
+        """The first call on a new channel again, over RDMA with
+        TF_RDMA_TCP_FIRST=1: the call rides TCP while RDMA CM connects
+        beside it. These channels close before RDMA is up, so a short run
+        of small calls on one channel then proves that such a connection
+        does move to RDMA."""
+        pre, env = self.prefix("rdma", "client")
+        env["TF_RDMA_TCP_FIRST"] = "1"
+        base = pre + [self.bench, "run", "--target", f"127.0.0.1:{port}"]
+        rows = []
+        for suite_args, keep in ((["connect", "--seconds", str(self.a.seconds)], True),
+                                 (["latency", "--sizes", "64", "--seconds", "1"], False)):
+            r = subprocess.run(base + suite_args + ["--server-pid", str(server_pid)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               timeout=600)
+            if r.returncode != 0:
+                sys.exit(f"run_grpc_bench: rdma TF_RDMA_TCP_FIRST {' '.join(suite_args)} "
+                         f"failed:\n{r.stderr}")
+            if keep:
+                rows = [dict(json.loads(l), suite="connect_tcp_first")
+                        for l in r.stdout.splitlines() if l.startswith("{")]
+        with open(os.path.join(self.tmp, "client.stats")) as f:
+            st = json.load(f)
+        if st.get("tcp_first_moved", 0) < 1:
+            sys.exit(f"run_grpc_bench: with TF_RDMA_TCP_FIRST the connection never moved to "
+                     f"RDMA: {st}")
+        return rows
 
     def suites(self):
         s = [("latency", ["latency", "--sizes", ",".join(map(str, self.a.latency_sizes))]),
@@ -165,6 +198,10 @@ class Runner:
                                        self.client(t, port, args, server.pid if server else None)]
                         log(f"[{k}/{total}] rep {rep + 1} {t:6s} {name} done in "
                             f"{time.time() - t0:.1f} s (total {time.time() - t_start:.0f} s)")
+                    if t == "rdma":
+                        log(f"[{k}/{total}] rep {rep + 1} {t:6s} connect, TF_RDMA_TCP_FIRST=1 ...")
+                        results[t] += [dict(r, rep=rep) for r in
+                                       self.tcp_first_connect(port, server.pid)]
                 finally:
                     if server:
                         server.stdin.close()
@@ -181,11 +218,12 @@ def median_of(rows, suite, key, field):
     return statistics.median(vals) if vals else None
 
 
-def spread_of(results, suite, key, field, num="rdma", den="tcp"):
+def spread_of(results, suite, key, field, num="rdma", den="tcp", num_suite=None):
     """num's figure over den's, repetition by repetition (both measured in
     the same repetition, one after the other): median, min and max over the
-    repetitions, and whether the spread crosses 1.0; None without pairs."""
-    a = {r.get("rep", 0): r[field] for r in matching(results[num], suite, key)}
+    repetitions, and whether the spread crosses 1.0; None without pairs.
+    num_suite: num's rows are of that suite (a variant of `suite`)."""
+    a = {r.get("rep", 0): r[field] for r in matching(results[num], num_suite or suite, key)}
     b = {r.get("rep", 0): r[field] for r in matching(results[den], suite, key)}
     ratios = [a[k] / b[k] for k in sorted(a) if k in b and a[k] and b[k]]
     if not ratios:
@@ -239,6 +277,14 @@ def summarize(results, clients, latency_sizes=LATENCY_SIZES, stream_sizes=STREAM
         rows["connect"].append({**{f"{t}_p50_us": median_of(results[t], "connect", {}, "p50_us")
                                    for t in TRANSPORTS},
                                 "rdma_tcp_ratio": spread_of(results, "connect", {}, "p50_us")})
+    if any(matching(results["rdma"], "connect_tcp_first", {})):
+        rows["connect"].append({"variant": "tcp_first",
+                                **{f"{t}_p50_us": median_of(results[t], "connect", {}, "p50_us")
+                                   for t in TRANSPORTS},
+                                "rdma_p50_us": median_of(results["rdma"], "connect_tcp_first", {},
+                                                         "p50_us"),
+                                "rdma_tcp_ratio": spread_of(results, "connect", {}, "p50_us",
+                                                            num_suite="connect_tcp_first")})
     for model in ("resnet50", "vgg16"):
         v = {t: median_of(results[t], "ps", {"model": model}, "steps_per_s") for t in TRANSPORTS}
         if v["tcp"] is not None:
@@ -340,7 +386,10 @@ def table(rows, reps, meta=None):
                    f"{num(r['rdma_calls_per_s'], '.0f')} | {num(r['inproc_calls_per_s'], '.0f')} | "
                    f"{ratio(r['rdma_tcp_ratio'])} |")
     for r in rows.get("connect", []):
-        out.append(f"| first 64 B call on a new channel (set-up included): p50 us | {num(r['tcp_p50_us'], '.0f')} | "
+        what = ("first 64 B call on a new channel, `TF_RDMA_TCP_FIRST=1` (the call rides TCP, "
+                "RDMA joins beside it)" if r.get("variant") == "tcp_first"
+                else "first 64 B call on a new channel (set-up included)")
+        out.append(f"| {what}: p50 us | {num(r['tcp_p50_us'], '.0f')} | "
                    f"{num(r['rdma_p50_us'], '.0f')} | {num(r['inproc_p50_us'], '.0f')} | {ratio(r['rdma_tcp_ratio'])} |")
     for r in rows["ps"]:
         out.append(f"| parameter server, {r['model']}, 2 workers: steps/s | {num(r['tcp_steps_per_s'], '.3f')} | "

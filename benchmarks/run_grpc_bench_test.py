@@ -117,8 +117,11 @@ def main():
                   f"stream {row['direction']} {row['size']} B {t}: {row[f'{t}_mb_per_s']}")
     for t in ("tcp", "rdma", "inproc"):
         check(positive(s["rate"][0][f"{t}_calls_per_s"]), f"rate {t}")
-        check(len(s["connect"]) == 1 and positive(s["connect"][0][f"{t}_p50_us"]),
-              f"first call on a new channel, {t}: {s['connect']}")
+        check(len(s["connect"]) == 2 and all(positive(c[f"{t}_p50_us"]) for c in s["connect"]),
+              f"first call on a new channel, RDMA-first and TCP-first, {t}: {s['connect']}")
+    check(s["connect"][1].get("variant") == "tcp_first" and
+          s["connect"][1]["rdma_p50_us"] != s["connect"][0]["rdma_p50_us"],
+          f"the TCP-first row has its own RDMA figure: {s['connect']}")
     proof = res.get("rdma_proof") or {}
     check(proof.get("rdma_client_connections", 0) >= 1 and proof.get("tcp_client_connections") == 0,
           f"the RDMA runs rode RDMA: {proof}")

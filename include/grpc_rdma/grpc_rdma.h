@@ -47,6 +47,10 @@
 // int, milliseconds, 1 to 600000: TF_RDMA_CONNECT_TIMEOUT_MS for this
 // channel.
 #define GRPC_RDMA_ARG_CONNECT_TIMEOUT_MS "grpc.rdma.connect_timeout_ms"
+// int 0 or 1: TF_RDMA_TCP_FIRST for this channel (1: its connections start
+// on TCP and move to RDMA once RDMA CM is done), or on a server (1: it
+// joins such connections' RDMA halves to their TCP connections).
+#define GRPC_RDMA_ARG_TCP_FIRST "grpc.rdma.tcp_first"
 // string, comma-separated port numbers ("50052,50053"), on a server: those
 // of its listening ports serve TCP only (not RDMA CM); the others serve
 // both. Name ports the server binds by number (a port 0 asks gRPC to pick

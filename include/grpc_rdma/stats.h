@@ -44,6 +44,8 @@
   X(rdma_connections_open, "RDMA connections open now")                                   \
   X(fallbacks, "client connections that tried RDMA and went by TCP")                      \
   X(fallbacks_remembered, "client connections sent to TCP at once (TF_RDMA_FALLBACK_TTL_S)") \
+  X(tcp_first_moved, "client connections that started on TCP and moved to RDMA "          \
+                     "(TF_RDMA_TCP_FIRST)")                                                \
   X(connections_refused, "RDMA connection requests this process refused")                 \
   X(pinned_bytes, "registered (pinned) memory in use now, bytes")                         \
   X(grpc_thread_polls, "times a gRPC thread handled RDMA completions itself")            \

@@ -268,6 +268,7 @@ absl::StatusOr<Options> ParseOptions(const EnvLookup& lookup) {
   p.Int("TF_RDMA_STATS_INTERVAL_S", 0, 86400, &o.stats_interval_s, "seconds");
   p.Bool("TF_RDMA_MALLOC_TUNE", &o.malloc_tune);
   p.Bool("TF_RDMA_ZERO_COPY", &o.zero_copy);
+  p.Bool("TF_RDMA_TCP_FIRST", &o.tcp_first);
   absl::Status s = p.Result();
   if (!s.ok()) return s;  // relations between bad values would only add noise
   uint64_t framing = 0;
@@ -333,6 +334,7 @@ std::string DescribeOptions(const Options& o) {
                       " fallback_ttl_s=", o.fallback_ttl_s,
                       " malloc_tune=", o.malloc_tune ? "true" : "false",
                       " zero_copy=", o.zero_copy ? "true" : "false",
+                      " tcp_first=", o.tcp_first ? "true" : "false",
                       o.port > 0 ? absl::StrCat(" port=", o.port) : "",
                       o.gid_index >= 0 ? absl::StrCat(" gid_index=", o.gid_index) : "",
                       o.tos >= 0 ? absl::StrCat(" tos=", o.tos) : "");

@@ -64,7 +64,27 @@ wire::Hello ConnImpl::MyHello() const {
   h.standing_grants = plan::kStandingGrants;
   h.flags = wire::kHelloSolicited;
   h.max_chunk = static_cast<uint32_t>(engine_->options.chunk_size);
+  if (joins_.sin_port != 0) {
+    h.flags |= wire::kHelloJoins;
+    h.joins_addr = joins_.sin_addr.s_addr;
+    h.joins_port = joins_.sin_port;
+  }
   return h;
+}
+
+namespace {
+std::string AddrText(uint32_t addr_be, uint16_t port_be) {
+  char ip[INET_ADDRSTRLEN] = "?";
+  in_addr a{};
+  a.s_addr = addr_be;
+  inet_ntop(AF_INET, &a, ip, sizeof(ip));
+  return absl::StrCat(ip, ":", ntohs(port_be));
+}
+}  // namespace
+
+void ConnImpl::SetJoinsLocked(const sockaddr_in& tcp) {
+  joins_ = tcp;
+  joins_text_ = AddrText(tcp.sin_addr.s_addr, tcp.sin_port);
 }
 
 absl::Status ConnImpl::SetupLocked() {
@@ -149,6 +169,9 @@ void ConnImpl::SetPeerLocked(const wire::Hello& h) {
   standing_target_ = std::min(plan::kStandingStart,
                               peer_standing_ - plan::LargeStandingSlots(peer_standing_));
   peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
+  if (passive_ && (h.flags & wire::kHelloJoins) != 0 && h.joins_port != 0) {
+    joins_text_ = AddrText(h.joins_addr, h.joins_port);
+  }
   flow_.Start(h.eager_depth, flow_.send_slots());
   // Our grants must fit the writer's staging buffers (its chunk size).
   grant_limit_ = plan::GrantLimit(o.chunk_size, h.max_chunk);
@@ -424,6 +447,11 @@ std::string ConnImpl::local() const {
 std::string ConnImpl::device() const {
   std::lock_guard<std::mutex> g(mu_);
   return device_;
+}
+
+std::string ConnImpl::joins() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return passive_ ? joins_text_ : std::string();
 }
 
 ConnectionStats ConnImpl::stats() const {

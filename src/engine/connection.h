@@ -67,6 +67,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::string peer() const override;
   std::string local() const override;
   std::string device() const override;
+  std::string joins() const override;
   ConnectionStats stats() const override;
   std::string Describe() const override;
 
@@ -112,6 +113,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   void DeviceRemovedLocked(absl::Status why, Deferred* d);
   bool closed() const { return state_ == State::kClosed; }
   wire::Hello MyHello() const;
+  // A client's: the TCP connection (its end) this one joins, said in its Hello.
+  void SetJoinsLocked(const sockaddr_in& tcp);
   // Client, until established: the caller's callback. Server, from
   // rdma_accept: the listener's, to hand the connection over.
   Engine::ConnectDone connect_done;
@@ -296,6 +299,8 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool disconnect_when_drained_ = false;
   std::string peer_, local_;
   std::string device_;  // from set-up on
+  sockaddr_in joins_{};  // a client's: the TCP connection it joins (port 0: none)
+  std::string joins_text_;  // "ip:port": a client's, or the peer's (its Hello)
   // Writes are queued and the peer's credits (or our send slots) are out:
   // counted once per such wait in credit_waits.
   bool credit_blocked_ = false;

@@ -202,8 +202,11 @@ void EngineImpl::SnapshotLocked(ConnList* out) const {
 
 // ------------------------------------------------------------ RDMA CM ---
 
-void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done) {
+std::weak_ptr<Connection> EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms,
+                                              Engine::ConnectDone done,
+                                              const sockaddr_in* joins) {
   Deferred d;
+  std::weak_ptr<Connection> made;
   {
     std::lock_guard<std::mutex> g(mu);
     absl::StatusOr<CmId> id = CreateCmId(events_.get(), nullptr);
@@ -216,7 +219,9 @@ void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::Connec
       std::lock_guard<std::mutex> cl(c->mu());
       c->connect_done = std::move(done);
       c->connect_deadline_us = NowMicros() + static_cast<uint64_t>(timeout_ms) * 1000;
+      if (joins != nullptr) c->SetJoinsLocked(*joins);
       conns_[raw] = c;
+      made = c;
       sockaddr_in dst = addr;
       if (rdma_resolve_addr(raw, nullptr, reinterpret_cast<sockaddr*>(&dst), timeout_ms) != 0) {
         FailConnectLocked(c.get(), CheckErrno(true, "rdma_resolve_addr"), &d);
@@ -225,6 +230,24 @@ void EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms, Engine::Connec
   }
   d.Run();
   Wake();  // the connect deadline needs the poller's attention
+  return made;
+}
+
+void EngineImpl::CancelConnect(const std::weak_ptr<Connection>& connecting) {
+  std::shared_ptr<Connection> conn = connecting.lock();
+  if (conn == nullptr) return;
+  auto* c = static_cast<ConnImpl*>(conn.get());
+  Deferred d;
+  {
+    std::lock_guard<std::mutex> g(mu);
+    std::lock_guard<std::mutex> cl(c->mu());
+    // Still connecting (the client's own; an accepted one is not ours to
+    // cancel): failed as a timeout fails it, its CM id destroyed.
+    if (!c->passive() && c->connect_done && conns_.count(c->cm_id()) != 0) {
+      FailConnectLocked(c, absl::UnavailableError("RDMA connect cancelled"), &d);
+    }
+  }
+  d.Run();
 }
 
 absl::StatusOr<CmId> EngineImpl::ListenIdLocked(const sockaddr_in& addr, size_t index) {
@@ -634,8 +657,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-void Engine::Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done) {
-  impl_->Connect(addr, timeout_ms, std::move(done));
+std::weak_ptr<Connection> Engine::Connect(const sockaddr_in& addr, int timeout_ms,
+                                          ConnectDone done, const sockaddr_in* joins) {
+  return impl_->Connect(addr, timeout_ms, std::move(done), joins);
+}
+
+void Engine::CancelConnect(const std::weak_ptr<Connection>& connecting) {
+  impl_->CancelConnect(connecting);
 }
 
 absl::StatusOr<uint16_t> Engine::Listen(const sockaddr_in& addr, AcceptFn on_accept) {

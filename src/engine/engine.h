@@ -154,6 +154,11 @@ class Connection {
   virtual std::string local() const = 0;
   // The RDMA device the connection runs on ("mlx5_0").
   virtual std::string device() const = 0;
+  // On an accepted connection, the TCP connection the client said this one
+  // joins ("10.0.0.2:41234", the client's end of it, as the server's TCP
+  // sees the peer); "" when it joins none. The client asks so with
+  // Engine::Connect's `joins`.
+  virtual std::string joins() const = 0;
   virtual ConnectionStats stats() const = 0;
   // What the connection is doing, in one line, for diagnosing one that
   // does not go away: its state (and why it closed), the reads and writes
@@ -177,8 +182,15 @@ class Engine {
 
   // Connects to `addr` over RDMA CM; `done` runs on the poller with the
   // connection, or UNAVAILABLE (no RDMA path, rejected, no answer within
-  // `timeout_ms`).
-  void Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done);
+  // `timeout_ms`). `joins`, if given, names the TCP connection (our end of
+  // it) that this one joins: the server's Connection::joins() says it.
+  // Returns the connection being made (empty if it failed at once), for
+  // CancelConnect.
+  std::weak_ptr<Connection> Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done,
+                                    const sockaddr_in* joins = nullptr);
+  // Gives up a connect still under way, as its timeout would: `done` runs
+  // with UNAVAILABLE and nothing more is set up. No effect once it is done.
+  void CancelConnect(const std::weak_ptr<Connection>& connecting);
   // Listens on `addr` (port 0: any); returns the port. `on_accept` runs on
   // the poller for each established connection.
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, AcceptFn on_accept);

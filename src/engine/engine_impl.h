@@ -40,7 +40,9 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   // the memory stays until the last connection and lent chunk are gone.
   void Shutdown();
 
-  void Connect(const sockaddr_in& addr, int timeout_ms, Engine::ConnectDone done);
+  std::weak_ptr<Connection> Connect(const sockaddr_in& addr, int timeout_ms,
+                                    Engine::ConnectDone done, const sockaddr_in* joins);
+  void CancelConnect(const std::weak_ptr<Connection>& connecting);
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
   void StopListening(const sockaddr_in& addr);
 

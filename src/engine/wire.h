@@ -63,6 +63,13 @@ struct Hello {
   // the peer grants no more. 0, from an engine older than this field (whose
   // Hello is 16 bytes), means the receiver's own chunk size.
   uint32_t max_chunk;
+  // With kHelloJoins (a client's Hello only): the TCP connection this RDMA
+  // connection joins, by the client's end of it (IPv4 address and port,
+  // network byte order). Its channel started on that TCP connection and
+  // moves to this one (src/glue/switch_endpoint.cc).
+  uint32_t joins_addr;
+  uint16_t joins_port;
+  uint16_t reserved;
 };
 // The Hello of engines from before max_chunk: still accepted.
 constexpr size_t kHelloV2Bytes = 16;
@@ -70,6 +77,8 @@ constexpr size_t kHelloV2Bytes = 16;
 // receiver may arm its CQ for solicited completions only. Not set by
 // engines from before the flag, whose peers must arm for all.
 constexpr uint16_t kHelloSolicited = 1;
+// The connection joins a TCP connection (joins_addr, joins_port).
+constexpr uint16_t kHelloJoins = 2;
 static_assert(sizeof(Hello) <= 56, "fits a connect's private data");
 static_assert(offsetof(Hello, max_chunk) == kHelloV2Bytes, "older fields first");
 

@@ -36,6 +36,7 @@ ArgSettings SettingsFor(const grpc_event_engine::experimental::EndpointConfig& c
   ArgSettings s;
   s.fallback = env.fallback;
   s.connect_timeout_ms = env.connect_timeout_ms;
+  s.tcp_first = env.tcp_first;
   if (auto v = config.GetInt(GRPC_RDMA_ARG_ENABLED)) {
     if (*v == 0 || *v == 1) {
       s.enabled = *v == 1;
@@ -50,6 +51,13 @@ ArgSettings SettingsFor(const grpc_event_engine::experimental::EndpointConfig& c
       s.fallback = Fallback::kNone;
     } else {
       SayBad(GRPC_RDMA_ARG_FALLBACK, std::string(*v), "tcp or none");
+    }
+  }
+  if (auto v = config.GetInt(GRPC_RDMA_ARG_TCP_FIRST)) {
+    if (*v == 0 || *v == 1) {
+      s.tcp_first = *v == 1;
+    } else {
+      SayBad(GRPC_RDMA_ARG_TCP_FIRST, std::to_string(*v), "0 or 1");
     }
   }
   if (auto v = config.GetInt(GRPC_RDMA_ARG_CONNECT_TIMEOUT_MS)) {

@@ -19,6 +19,7 @@ struct ArgSettings {
   bool enabled = true;          // false: TCP only, as if RDMA were not there
   Fallback fallback = Fallback::kTcp;
   int connect_timeout_ms = 1000;
+  bool tcp_first = false;  // start on TCP, move to RDMA (TF_RDMA_TCP_FIRST)
   std::vector<int> tcp_only_ports;  // a server's listening ports that serve TCP only
 };
 

@@ -10,12 +10,14 @@
 #include <memory>
 #include <mutex>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/optional.h"
 #include "glue/args.h"
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
+#include "glue/switch_endpoint.h"
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
 #include "src/core/lib/event_engine/channel_args_endpoint_config.h"
@@ -40,6 +42,7 @@ struct Attempt {
   std::string key;  // "ip:port"
   ArgSettings settings;  // the environment's, or the channel's arguments
   bool tcp = false;        // handed to gRPC's TCP client
+  bool tcp_first = false;  // TCP now, RDMA beside it once TCP is up (TF_RDMA_TCP_FIRST)
   bool rdma_failed = false;  // RDMA was tried and failed: TCP is the fallback
   std::chrono::steady_clock::time_point rdma_started;  // when RDMA was tried
   bool remembered = false;   // sent to TCP at once (RecentlyFailed)
@@ -60,6 +63,73 @@ Pending& P() {
   return *p;
 }
 
+// A TCP-first connection's TCP is up: gRPC gets it at once, wrapped in an
+// endpoint that moves to RDMA, and RDMA CM connects beside it, naming it.
+void StartRdmaBeside(Attempt* a) {
+  grpc_endpoint* tcp = *a->endpoint;
+  std::string local = Ipv4HostPort(grpc_endpoint_get_local_address(tcp));
+  std::shared_ptr<Switch> sw = CreateSwitchEndpoint(tcp, /*server=*/false, a->endpoint);
+  sockaddr_in dst{}, joins{};
+  bool ok = ToIpv4(&a->addr, &dst);
+  size_t colon = local.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      inet_pton(AF_INET, local.substr(0, colon).c_str(), &joins.sin_addr) != 1 ||
+      !absl::SimpleAtoi(local.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    ok = false;
+  }
+  Engine* engine = Runtime::Get()->engine();
+  if (!ok || engine == nullptr) {
+    GRPC_RDMA_TRACE("%s: TCP connection from %s: no RDMA beside it", a->key.c_str(),
+                    local.c_str());
+    return;
+  }
+  joins.sin_family = AF_INET;
+  joins.sin_port = htons(static_cast<uint16_t>(port));
+  std::string key = a->key;
+  auto started = std::chrono::steady_clock::now();
+  GRPC_RDMA_TRACE("%s: TCP up (from %s); connecting over RDMA beside it (timeout %d ms)",
+                  key.c_str(), local.c_str(), a->settings.connect_timeout_ms);
+  std::weak_ptr<Connection> connecting = engine->Connect(
+      dst, a->settings.connect_timeout_ms,
+      [sw, key, started](absl::StatusOr<std::shared_ptr<Connection>> r) {
+        absl::optional<grpc_core::ApplicationCallbackExecCtx> callback_exec_ctx;
+        absl::optional<grpc_core::ExecCtx> exec_ctx;
+        if (!grpc_core::ApplicationCallbackExecCtx::Available()) callback_exec_ctx.emplace();
+        if (grpc_core::ExecCtx::Get() == nullptr) exec_ctx.emplace();
+        if (r.ok()) {
+          // Connected, which says little yet: a server that joins none
+          // closes it, and the endpoint drops it (on_dropped).
+          SetOnDropped(sw, [key, started] {
+            GlobalCounters().fallbacks.fetch_add(1);
+            bool remembered = Runtime::Get()->RememberFailure(key, started);
+            GRPC_RDMA_TRACE("%s: the server did not join RDMA to the TCP connection: it stays "
+                            "on TCP%s",
+                            key.c_str(),
+                            remembered ? "; TCP only for it for TF_RDMA_FALLBACK_TTL_S" : "");
+          });
+          AttachRdma(sw, std::move(*r));  // tcp_first_moved counts once it moves
+          return;
+        }
+        // The channel closed its connection first (the server then closes
+        // an RDMA connection that comes for it): nothing learnt of RDMA.
+        if (SwitchGone(sw)) return;
+        // TCP reached it and RDMA did not: the connection stays on TCP,
+        // and the address is noted as for any fallback.
+        GlobalCounters().fallbacks.fetch_add(1);
+        bool remembered = Runtime::Get()->RememberFailure(key, started);
+        GRPC_RDMA_TRACE("%s: no RDMA beside TCP (%s): the connection stays on TCP%s",
+                        key.c_str(), std::string(r.status().message()).c_str(),
+                        remembered ? "; TCP only for it for TF_RDMA_FALLBACK_TTL_S" : "");
+      },
+      &joins);
+  // The channel closes its connection before RDMA is up (a short-lived
+  // client): the RDMA connection is not finished for nothing.
+  SetOnGone(sw, [connecting] {
+    if (Engine* e = Runtime::Get()->engine()) e->CancelConnect(connecting);
+  });
+}
+
 // gRPC's TCP client finished an attempt we handed it. `arg` stays alive
 // until here: the attempt leaves the map only here or when a cancel
 // succeeded (and then this does not run).
@@ -75,6 +145,11 @@ void OnTcpDone(void* arg, grpc_error_handle error) {
     }
   }
   if (error.ok()) GlobalCounters().tcp_client.fetch_add(1);
+  if (a->tcp_first) {
+    if (error.ok()) StartRdmaBeside(a);
+    grpc_core::Closure::Run(DEBUG_LOCATION, a->on_connect, std::move(error));
+    return;
+  }
   // An address is noted as having no RDMA only when TCP reached it (and
   // remembered when that happens twice, see Runtime::RememberFailure):
   // when neither did (the server down or restarting), nothing was learnt
@@ -182,7 +257,9 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
   {
     std::lock_guard<std::mutex> g(P().mu);
     P().attempts[a->handle] = a;
-    if (engine == nullptr || remembered || left_ms <= 0) {
+    a->tcp_first = engine != nullptr && !remembered && a->settings.tcp_first &&
+                   a->settings.fallback == Fallback::kTcp;
+    if (engine == nullptr || remembered || left_ms <= 0 || a->tcp_first) {
       a->remembered = remembered;
       if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);
       StartTcpLocked(a.get());

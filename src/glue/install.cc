@@ -322,6 +322,7 @@ Stats GetStats() {
   s.rdma_connections_open = c.rdma_open;
   s.fallbacks = c.fallbacks;
   s.fallbacks_remembered = c.fallbacks_remembered;
+  s.tcp_first_moved = c.tcp_first_moved;
   s.grpc_poller_spins = PollerSpins();
   s.grpc_poller_spin_hits = PollerSpinHits();
   s.grpc_poller_spin_polls = PollerSpinPolls();

@@ -6,6 +6,8 @@
 #include <grpc/support/alloc.h>
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -15,8 +17,10 @@
 #include "glue/endpoint.h"
 #include "glue/runtime.h"
 #include "glue/stats.h"
+#include "glue/switch_endpoint.h"
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
+#include "src/core/lib/event_engine/default_event_engine.h"
 #include "src/core/lib/iomgr/exec_ctx.h"
 
 namespace grpc_rdma {
@@ -35,7 +39,163 @@ struct AcceptState {
   void* on_accept_arg = nullptr;
   // Connections accepted before start(): handed over at start.
   std::vector<std::pair<std::shared_ptr<Connection>, unsigned>> early;
+  // The ports (by index) RDMA CM listens on: their TCP connections may be
+  // joined by an RDMA connection (TF_RDMA_TCP_FIRST clients), if the
+  // server's own TF_RDMA_TCP_FIRST (or argument) says so.
+  std::set<unsigned> rdma_ports;
+  bool join_tcp = false;
 };
+
+// TCP connections an RDMA connection may join, and RDMA connections that
+// came before the TCP connection they join was accepted. Keyed
+// "client-ip:client-port>server-port": the client's end of the TCP
+// connection as the RDMA connection names it, and the server's address and
+// port it reached ("10.0.0.2:41234>10.0.0.1:50051").
+struct Joins {
+  std::mutex mu;
+  // An ended endpoint stays kJoinWait after a sweep found it ended, so an
+  // RDMA connection that comes late is closed at once, not kept waiting.
+  struct Tcp {
+    std::weak_ptr<Switch> sw;
+    std::chrono::steady_clock::time_point ended{};  // when a sweep found it gone
+  };
+  std::map<std::string, Tcp> tcp;
+  size_t swept_at = 64;  // sweep when the map reaches this
+  struct Early {
+    std::shared_ptr<Connection> conn;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::map<std::string, Early> rdma;
+};
+Joins& J() {
+  static auto* j = new Joins;
+  return *j;
+}
+
+// How long an RDMA connection waits for the TCP connection it joins to be
+// accepted, and how many may wait.
+constexpr auto kJoinWait = std::chrono::seconds(5);
+constexpr size_t kMaxEarly = 256;
+
+// Under J().mu: the RDMA connections that waited too long, taken out.
+void ExpireEarlyLocked(std::vector<std::shared_ptr<Connection>>* out) {
+  auto now = std::chrono::steady_clock::now();
+  for (auto it = J().rdma.begin(); it != J().rdma.end();) {
+    if (it->second.until <= now) {
+      out->push_back(std::move(it->second.conn));
+      it = J().rdma.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void DropEarly(std::vector<std::shared_ptr<Connection>>* conns) {
+  for (auto& c : *conns) {
+    GRPC_RDMA_TRACE("%s: no open TCP connection to join: closed", c->peer().c_str());
+    c->Shutdown(absl::UnavailableError("no open TCP connection to join"));
+  }
+}
+
+// A TCP connection that an RDMA connection may join: registered, or joined
+// at once by one that came first.
+void OfferTcp(const std::shared_ptr<Switch>& sw, grpc_endpoint* ep) {
+  std::string client = SwitchTcpPeer(sw);
+  std::string server = Ipv4HostPort(grpc_endpoint_get_local_address(ep));
+  if (client.empty() || server.empty()) return;  // IPv6: RDMA CM serves IPv4 only
+  std::string key = client + ">" + server;
+  std::shared_ptr<Connection> early;
+  std::vector<std::shared_ptr<Connection>> expired;
+  {
+    std::lock_guard<std::mutex> g(J().mu);
+    ExpireEarlyLocked(&expired);
+    auto it = J().rdma.find(key);
+    if (it != J().rdma.end()) {
+      early = std::move(it->second.conn);
+      J().rdma.erase(it);
+    } else {
+      J().tcp[key] = {sw, {}};
+      if (J().tcp.size() >= J().swept_at) {
+        auto now = std::chrono::steady_clock::now();
+        for (auto t = J().tcp.begin(); t != J().tcp.end();) {
+          Joins::Tcp& e = t->second;
+          if (!e.sw.expired()) {
+            ++t;
+          } else if (e.ended == std::chrono::steady_clock::time_point{}) {
+            e.ended = now;
+            ++t;
+          } else {
+            t = now - e.ended > kJoinWait ? J().tcp.erase(t) : std::next(t);
+          }
+        }
+        J().swept_at = std::max<size_t>(64, 2 * J().tcp.size());
+      }
+    }
+  }
+  DropEarly(&expired);
+  if (early != nullptr) AttachRdma(sw, std::move(early));
+}
+
+// An accepted RDMA connection that joins a TCP connection (conn->joins()).
+void JoinTcp(std::shared_ptr<Connection> conn) {
+  std::string joins = conn->joins();
+  std::string peer = conn->peer();  // "rdma:ip:port"
+  std::string peer_ip = peer.substr(peer.find(':') + 1);
+  peer_ip = peer_ip.substr(0, peer_ip.rfind(':'));
+  if (joins.substr(0, joins.rfind(':')) != peer_ip) {
+    gpr_log(GPR_ERROR,
+            "grpc_rdma: refusing an RDMA connection from %s that says it joins the TCP "
+            "connection from %s: another host's",
+            peer.c_str(), joins.c_str());
+    conn->Shutdown(absl::PermissionDeniedError("joins another host's TCP connection"));
+    return;
+  }
+  std::string local = conn->local();  // "rdma:ip:port"
+  std::string key = joins + ">" + local.substr(local.find(':') + 1);
+  std::shared_ptr<Switch> sw;
+  std::vector<std::shared_ptr<Connection>> expired;
+  {
+    std::lock_guard<std::mutex> g(J().mu);
+    ExpireEarlyLocked(&expired);
+    auto it = J().tcp.find(key);
+    bool ended = false;
+    if (it != J().tcp.end()) {
+      sw = it->second.sw.lock();
+      ended = sw == nullptr;  // its TCP connection came and went: nothing to join
+      J().tcp.erase(it);
+    }
+    if (ended) {
+      expired.push_back(std::move(conn));
+    } else if (sw == nullptr) {
+      if (J().rdma.size() >= kMaxEarly || J().rdma.count(key) != 0) {
+        expired.push_back(std::move(conn));
+      } else {
+        std::weak_ptr<Connection> waiting = conn;
+        J().rdma[key] = {std::move(conn), std::chrono::steady_clock::now() + kJoinWait};
+        // Closed after kJoinWait even if nothing else comes to sweep it:
+        // its client waits on it (for our header) until then.
+        grpc_event_engine::experimental::GetDefaultEventEngine()->RunAfter(
+            kJoinWait, [key, waiting] {
+              std::shared_ptr<Connection> late;
+              {
+                std::lock_guard<std::mutex> g(J().mu);
+                auto it = J().rdma.find(key);
+                if (it != J().rdma.end() && it->second.conn == waiting.lock()) {
+                  late = std::move(it->second.conn);
+                  J().rdma.erase(it);
+                }
+              }
+              if (late != nullptr) {
+                std::vector<std::shared_ptr<Connection>> one{std::move(late)};
+                DropEarly(&one);
+              }
+            });
+      }
+    }
+  }
+  DropEarly(&expired);
+  if (sw != nullptr) AttachRdma(sw, std::move(conn));
+}
 
 struct Server {
   grpc_tcp_server* tcp = nullptr;
@@ -92,6 +252,20 @@ void OnRdmaAccept(const std::shared_ptr<AcceptState>& as, std::shared_ptr<Connec
                   unsigned port_index) {
   grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
   grpc_core::ExecCtx exec_ctx;
+  if (!conn->joins().empty()) {
+    bool join;
+    {
+      std::lock_guard<std::mutex> g(as->mu);
+      join = as->join_tcp && !as->gone;
+    }
+    if (join) return JoinTcp(std::move(conn));
+    // The client's TCP connection carries on alone.
+    GRPC_RDMA_TRACE("%s: asks to join a TCP connection; this server joins none "
+                    "(TF_RDMA_TCP_FIRST is off): closed",
+                    conn->peer().c_str());
+    conn->Shutdown(absl::UnavailableError("this server joins no TCP connection"));
+    return;
+  }
   std::lock_guard<std::mutex> g(as->mu);
   if (as->gone) {
     conn->Shutdown(absl::UnavailableError("server shut down"));
@@ -146,6 +320,17 @@ void OnTcpAccept(void* arg, grpc_endpoint* ep, grpc_pollset* pollset,
   auto* as = static_cast<AcceptState*>(arg);
   acceptor->from_server = as->self;
   GlobalCounters().tcp_server.fetch_add(1);
+  bool joinable;
+  {
+    std::lock_guard<std::mutex> g(as->mu);
+    joinable = as->join_tcp && as->rdma_ports.count(acceptor->port_index) != 0;
+  }
+  if (joinable) {
+    grpc_endpoint* wrapped = nullptr;
+    std::shared_ptr<Switch> sw = CreateSwitchEndpoint(ep, /*server=*/true, &wrapped);
+    OfferTcp(sw, wrapped);
+    ep = wrapped;
+  }
   as->on_accept(as->on_accept_arg, ep, pollset, acceptor);
 }
 
@@ -157,6 +342,7 @@ grpc_error_handle Create(grpc_closure* shutdown_complete,
   ArgSettings settings = SettingsFor(config, Runtime::Get()->options());
   s->rdma = settings.enabled;
   s->tcp_only_ports = std::move(settings.tcp_only_ports);
+  s->as->join_tcp = settings.tcp_first;
   GRPC_CLOSURE_INIT(&s->on_tcp_destroyed, OnTcpDestroyed, s, nullptr);
   grpc_error_handle err = Tcp()->create(&s->on_tcp_destroyed, config, &s->tcp);
   if (!err.ok()) {
@@ -240,6 +426,10 @@ absl::Status ListenRdma(Server* s, sockaddr_in sin, unsigned port_index) {
   GRPC_RDMA_TRACE("server: listening on RDMA CM %s:%d and TCP", ip, ntohs(sin.sin_port));
   sin.sin_port = htons(*port);
   Runtime::Get()->AcquirePolling();
+  {
+    std::lock_guard<std::mutex> g(s->as->mu);
+    s->as->rdma_ports.insert(port_index);
+  }
   std::lock_guard<std::mutex> g(s->mu);
   s->rdma_listeners.push_back(sin);
   return absl::OkStatus();
@@ -275,6 +465,10 @@ grpc_error_handle AddPort(grpc_tcp_server* server, const grpc_resolved_address* 
       if (rdma.ok()) {
         Runtime::Get()->engine()->StopListening(sin);
         Runtime::Get()->ReleasePolling();
+        {
+          std::lock_guard<std::mutex> g(s->as->mu);
+          s->as->rdma_ports.erase(port_index);
+        }
         std::lock_guard<std::mutex> g(s->mu);
         s->rdma_listeners.pop_back();
       }

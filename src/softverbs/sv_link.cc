@@ -215,6 +215,15 @@ Link* NewLink(int fd, bool initiator) {
   return l;
 }
 
+// shm_open, as glibc does it on Linux (a file in /dev/shm), but with an
+// open() of our own: ThreadSanitizer intercepts that one (glibc's is inside
+// libc), so a descriptor number another thread used and closed before is
+// a new descriptor to it, not a race with that thread's last use.
+static int ShmOpen(const char* name, int flags, mode_t mode) {
+  std::string path = std::string("/dev/shm") + name;
+  return open(path.c_str(), flags | O_NOFOLLOW | O_CLOEXEC, mode);
+}
+
 bool ShmSegmentPrepare(ShmSegment* out) {
   const Config& c = GetConfig();
   if (!c.use_shm) return false;
@@ -224,7 +233,7 @@ bool ShmSegmentPrepare(ShmSegment* out) {
   char name[48];
   snprintf(name, sizeof(name), "/softverbs-%d-%u-%08x", getpid(), counter.fetch_add(1),
            static_cast<unsigned>(nonce));
-  int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  int fd = ShmOpen(name, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     Trace("shm_open(%s): %s; using TCP", name, strerror(errno));
     return false;
@@ -289,7 +298,7 @@ bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce) {
   // our own user that nobody else can open. Anything else is left alone
   // (not even unlinked) and the link uses TCP.
   if (name.rfind("/softverbs-", 0) != 0 || name.find('/', 1) != std::string::npos) return false;
-  int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
+  int fd = ShmOpen(name.c_str(), O_RDWR, 0);
   if (fd < 0) return false;
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||

@@ -376,6 +376,143 @@ TEST_F(E2eTest, AChannelArgumentTurnsRdmaOffForThatChannel) {
   ExpectRdma(1, 20000);
 }
 
+// grpc.rdma.tcp_first (TF_RDMA_TCP_FIRST): the channel's connection starts
+// on TCP and moves to RDMA while a bidirectional stream runs in both
+// directions at once, messages of every kind of size in flight; every byte
+// must come back, in order.
+TEST_F(E2eTest, ATcpFirstChannelMovesToRdmaUnderAStream) {
+  // The server joins TCP connections only when it is told to as well.
+  EchoService service;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  b.SetMaxReceiveMessageSize(-1);
+  b.AddChannelArgument("grpc.rdma.tcp_first", 1);
+  auto server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  grpc::ChannelArguments args = BigMessageArgs();
+  args.SetInt("grpc.rdma.tcp_first", 1);
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::seconds(60));
+  auto rw = stub->Chat(&ctx);
+  const size_t kSizes[] = {1, 100, 9000, 70000, 300000, 5 << 20};
+  std::atomic<bool> stop{false};
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      Blob b;
+      b.set_data(Pattern(kSizes[i % 6], 5000 + i));
+      if (!rw->Write(b)) break;
+      written.fetch_add(1);  // gRPC's flow control bounds what is in flight
+    }
+    rw->WritesDone();
+  });
+  int read = 0, after_move = -1;
+  bool ok = true;
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(40);
+  Blob got;
+  while (rw->Read(&got)) {
+    if (got.data() != Pattern(kSizes[read % 6], 5000 + read)) {
+      ADD_FAILURE() << "message " << read << " (" << kSizes[read % 6] << " B) came back different";
+      ok = false;
+      stop = true;
+      break;
+    }
+    ++read;
+    if (after_move < 0 && Delta("tcp_first_moved") >= 1) after_move = read;
+    if ((after_move >= 0 && read - after_move >= 100) || std::chrono::steady_clock::now() > until) {
+      stop = true;
+    }
+  }
+  writer.join();
+  grpc::Status s = rw->Finish();
+  ASSERT_TRUE(ok);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(read, written.load()) << "every message written came back";
+  EXPECT_GE(after_move, 0) << "the connection never moved to RDMA in 40 s";
+  EXPECT_EQ(Delta("tcp_first_moved"), 1);
+  EXPECT_GE(Delta("tcp_client_connections"), 1) << "it started on TCP";
+  EXPECT_GE(Delta("rdma_client_connections"), 1);
+  EXPECT_EQ(Delta("fallbacks"), 0);
+  EXPECT_GT(Delta("bytes_sent"), 0) << "nothing went over RDMA";
+  server->Shutdown(Clock::now());
+}
+
+// A TCP-first channel (grpc.rdma.tcp_first) to 127.0.0.1:`port`, and
+// calls on it: Call(i) echoes `size` bytes (seeded by `seed` + i) and says
+// whether they came back intact.
+struct TcpFirstClient {
+  TcpFirstClient(int port, size_t size, uint32_t seed) : size(size), seed(seed) {
+    grpc::ChannelArguments args = BigMessageArgs();
+    args.SetInt("grpc.rdma.tcp_first", 1);
+    stub = Echo::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
+  }
+  bool Call(int i) {
+    Blob req, resp;
+    req.set_data(Pattern(size, seed + static_cast<uint32_t>(i)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(20));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    return s.ok() && resp.data() == req.data();
+  }
+  std::unique_ptr<Echo::Stub> stub;
+  size_t size;
+  uint32_t seed;
+};
+
+// A TCP-first channel to a server that listens on RDMA CM but does not
+// join TCP connections (its own TF_RDMA_TCP_FIRST off, as by default): the
+// server closes the RDMA connection, and the channel's calls ride TCP.
+TEST_F(E2eTest, ATcpFirstChannelToAServerThatJoinsNoneStaysOnTcp) {
+  TcpFirstClient client(port_, 3000, 700);
+  auto call = [&](int i) { return client.Call(i); };
+  // Calls until the RDMA connection was closed (its end reaches the
+  // client's engine), then more: all on TCP.
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int i = 0;
+  while (RdmaStats()["rdma_connections_open"] > 0 || i < 20) {
+    ASSERT_TRUE(call(i++));
+    if (std::chrono::steady_clock::now() > until) break;
+  }
+  EXPECT_EQ(RdmaStats()["rdma_connections_open"], 0) << "the refused RDMA connection is held";
+  for (int j = 0; j < 20; ++j) ASSERT_TRUE(call(i++));
+  EXPECT_EQ(Delta("tcp_first_moved"), 0);
+  EXPECT_EQ(Delta("fallbacks"), 1) << "the refused join is a fallback, noted for the address";
+  EXPECT_EQ(Delta("rdma_server_connections"), 0) << "the server joined it";
+  EXPECT_GE(Delta("tcp_client_connections"), 1);
+}
+
+// A TCP-first channel to a server that does not listen on RDMA CM: its
+// calls ride TCP before and after the RDMA attempt fails.
+TEST_F(E2eTest, ATcpFirstChannelToATcpOnlyServerStaysOnTcp) {
+  EchoService service;
+  int port = 0;
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  b.RegisterService(&service);
+  b.AddChannelArgument("grpc.rdma.enabled", 0);
+  auto server = b.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  TcpFirstClient client(port, 20000, 600);
+  auto call = [&](int i) { return client.Call(i); };
+  ASSERT_TRUE(call(0));
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int i = 1;
+  while (Delta("fallbacks") < 1 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(call(i++));
+  }
+  EXPECT_EQ(Delta("fallbacks"), 1) << "the RDMA attempt beside TCP did not fail as it should";
+  for (int j = 0; j < 20; ++j) ASSERT_TRUE(call(i++));
+  EXPECT_EQ(Delta("tcp_first_moved"), 0);
+  EXPECT_EQ(Delta("rdma_client_connections"), 0);
+  EXPECT_GE(Delta("tcp_client_connections"), 1);
+  server->Shutdown(Clock::now());
+}
+
 TEST_F(E2eTest, AServerArgumentMakesItListenOnTcpOnly) {
   EchoService service;
   int port = 0;

@@ -1,0 +1,82 @@
+// File: src/glue/switch_endpoint.h
+//
+// A grpc_endpoint that starts on a TCP connection and moves to an RDMA
+// connection once one joins it, so a new channel's first calls wait for
+// TCP's connect only, never for RDMA CM's longer exchange (TF_RDMA_TCP_FIRST).
+//
+// Each direction moves on its own. A writer keeps writing TCP until the
+// RDMA connection is attached and no TCP write of its is in flight (the
+// client also waits for the server's header, which says the server joined
+// the two); it then writes, first on the RDMA connection, a 16-byte
+// header: "my TCP stream ends at byte N" (kSwitchMagic, then N,
+// little-endian), and every later write goes by RDMA. A reader reads TCP
+// until it has N bytes from it, then reads RDMA. The TCP stream stays
+// plain HTTP/2, so a peer without the plugin sees an ordinary connection.
+// An RDMA connection that fails, or brings no header, before this side's
+// writes moved leaves the endpoint on TCP; after, the endpoint fails as any
+// endpoint whose connection broke. The TCP connection stays open, idle,
+// until the endpoint is destroyed.
+#ifndef GRPC_RDMA_SRC_GLUE_SWITCH_ENDPOINT_H_
+#define GRPC_RDMA_SRC_GLUE_SWITCH_ENDPOINT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "src/core/lib/iomgr/endpoint.h"
+
+namespace grpc_rdma {
+
+struct Switch;
+
+// "GRDMASW1" (as little-endian bytes), the first 8 bytes of each
+// direction's RDMA stream.
+constexpr uint64_t kSwitchMagic = 0x315753414d445247ull;
+constexpr size_t kSwitchHeaderBytes = 16;
+
+// Wraps `tcp` (taken over: destroyed with the endpoint). The returned
+// handle outlives the endpoint; AttachRdma on it after gRPC destroyed or
+// shut the endpoint down shuts the connection down.
+std::shared_ptr<Switch> CreateSwitchEndpoint(grpc_endpoint* tcp, bool server,
+                                             grpc_endpoint** out);
+
+// Attaches an established RDMA connection that joins the endpoint's TCP
+// connection; both directions move to it as described above. false (and
+// `conn` shut down) when the endpoint is gone or has one already.
+bool AttachRdma(const std::shared_ptr<Switch>& sw, std::shared_ptr<Connection> conn);
+
+// `fn` runs once, when the endpoint goes (shut down or destroyed) before
+// an RDMA connection joined it, or at once if it went already: the client
+// cancels its RDMA connect there.
+void SetOnGone(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
+
+// `fn` runs once if the RDMA connection is dropped before this side's
+// writes moved to it (the endpoint stays on TCP). Set before AttachRdma.
+void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
+
+// Whether the endpoint takes no RDMA connection any more: it has one, or
+// gRPC shut it down or destroyed it, or it failed.
+bool SwitchGone(const std::shared_ptr<Switch>& sw);
+
+// The TCP connection's peer ("10.0.0.2:41234"; "" unless IPv4), as the
+// RDMA connection that joins it names it.
+std::string SwitchTcpPeer(const std::shared_ptr<Switch>& sw);
+
+// Where each direction stands (for tests and traces).
+struct SwitchProgress {
+  bool writes_rdma = false;  // the header went out: writes go by RDMA
+  bool reads_rdma = false;   // the peer's TCP bytes are all read: reads go by RDMA
+  uint64_t tcp_written = 0;  // bytes written on TCP
+  uint64_t tcp_read = 0;     // bytes read from TCP
+};
+SwitchProgress ProgressOf(const std::shared_ptr<Switch>& sw);
+
+// "ipv4:10.0.0.2:41234" (gRPC's address form) -> "10.0.0.2:41234"; "" for
+// other forms (IPv6, unix).
+std::string Ipv4HostPort(absl::string_view grpc_address);
+
+}  // namespace grpc_rdma
+
+#endif  // GRPC_RDMA_SRC_GLUE_SWITCH_ENDPOINT_H_
