@@ -140,13 +140,17 @@ start_server() {
   local pre=()
   [ -n "$ns" ] && pre=(ip netns exec "$ns")
   mkfifo "$TMP/stdin"
+  # The last server's port must not be read as this one's: the shell
+  # empties server.out in the background job, perhaps after the first
+  # look below (a case with two servers once called the first, gone).
+  rm -f "$TMP/server.out"
   "${pre[@]}" "${SERVER_WRAP[@]}" "${SIDE_ENV[@]}" "$TOOL" serve "$addr:0" $SERVER_TLS \
     <"$TMP/stdin" >"$TMP/server.out" 2>"$TMP/server.err" &
   SERVER_PID=$!
   exec 8>"$TMP/stdin"
   PORT=""
   for _ in $(seq 1 100); do
-    PORT=$(awk '/^port /{print $2}' "$TMP/server.out")
+    PORT=$(awk '/^port /{print $2}' "$TMP/server.out" 2>/dev/null)
     [ -n "$PORT" ] && return 0
     kill -0 "$SERVER_PID" 2>/dev/null || break
     sleep 0.1
