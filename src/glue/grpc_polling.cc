@@ -396,6 +396,8 @@ int SpinningEpollWait(int epfd, epoll_event* events, int maxevents, int timeout)
       S().spins.fetch_add(1, std::memory_order_relaxed);
       const int64_t start = now, cpu_start = ProcessCpuNs();
       do {
+        // Work queued on this thread (by any poll here) ends the wait too.
+        if (WorkQueuedHere()) return 0;
         if (PollSpinPolled()) {
           // Handled here: gRPC runs what it brought when this wait returns
           // (its ExecCtx is flushed after the poll), as for a ready event.
