@@ -441,6 +441,16 @@ TEST_F(E2eTest, ATcpFirstChannelMovesToRdmaUnderAStream) {
   server->Shutdown(Clock::now());
 }
 
+// A server told by its argument to listen on TCP only (grpc.rdma.enabled
+// 0): no RDMA CM listener at its port.
+std::unique_ptr<grpc::Server> StartTcpOnlyServer(EchoService* service, int* port) {
+  grpc::ServerBuilder b;
+  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  b.RegisterService(service);
+  b.AddChannelArgument("grpc.rdma.enabled", 0);
+  return b.BuildAndStart();
+}
+
 // A TCP-first channel (grpc.rdma.tcp_first) to 127.0.0.1:`port`, and
 // calls on it: Call(i) echoes `size` bytes (seeded by `seed` + i) and says
 // whether they came back intact.
@@ -491,11 +501,7 @@ TEST_F(E2eTest, ATcpFirstChannelToAServerThatJoinsNoneStaysOnTcp) {
 TEST_F(E2eTest, ATcpFirstChannelToATcpOnlyServerStaysOnTcp) {
   EchoService service;
   int port = 0;
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  b.AddChannelArgument("grpc.rdma.enabled", 0);
-  auto server = b.BuildAndStart();
+  auto server = StartTcpOnlyServer(&service, &port);
   ASSERT_NE(server, nullptr);
   TcpFirstClient client(port, 20000, 600);
   auto call = [&](int i) { return client.Call(i); };
@@ -516,11 +522,7 @@ TEST_F(E2eTest, ATcpFirstChannelToATcpOnlyServerStaysOnTcp) {
 TEST_F(E2eTest, AServerArgumentMakesItListenOnTcpOnly) {
   EchoService service;
   int port = 0;
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  b.AddChannelArgument("grpc.rdma.enabled", 0);
-  auto server = b.BuildAndStart();
+  auto server = StartTcpOnlyServer(&service, &port);
   ASSERT_NE(server, nullptr);
   std::string target = "127.0.0.1:" + std::to_string(port);
   // No RDMA CM listener there: a channel that must not fall back fails...
