@@ -7,6 +7,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -55,6 +56,8 @@ ConnImpl::~ConnImpl() {
   for (WriteDone& cb : unfinished) cb(Closed("connection destroyed"));
 }
 
+static_assert(sizeof(wire::Hello::join_token) == kJoinTokenBytes, "one token size");
+
 wire::Hello ConnImpl::MyHello() const {
   wire::Hello h{};
   h.magic = wire::kMagic;
@@ -64,10 +67,11 @@ wire::Hello ConnImpl::MyHello() const {
   h.standing_grants = plan::kStandingGrants;
   h.flags = wire::kHelloSolicited;
   h.max_chunk = static_cast<uint32_t>(engine_->options.chunk_size);
-  if (joins_.sin_port != 0) {
+  if (joins_.tcp.sin_port != 0) {
     h.flags |= wire::kHelloJoins;
-    h.joins_addr = joins_.sin_addr.s_addr;
-    h.joins_port = joins_.sin_port;
+    h.joins_addr = joins_.tcp.sin_addr.s_addr;
+    h.joins_port = joins_.tcp.sin_port;
+    memcpy(h.join_token, joins_.token, sizeof(h.join_token));
   }
   return h;
 }
@@ -82,9 +86,9 @@ std::string AddrText(uint32_t addr_be, uint16_t port_be) {
 }
 }  // namespace
 
-void ConnImpl::SetJoinsLocked(const sockaddr_in& tcp) {
-  joins_ = tcp;
-  joins_text_ = AddrText(tcp.sin_addr.s_addr, tcp.sin_port);
+void ConnImpl::SetJoinsLocked(const JoinRequest& joins) {
+  joins_ = joins;
+  joins_text_ = AddrText(joins.tcp.sin_addr.s_addr, joins.tcp.sin_port);
 }
 
 absl::Status ConnImpl::SetupLocked() {
@@ -171,6 +175,11 @@ void ConnImpl::SetPeerLocked(const wire::Hello& h) {
   peer_solicits_ = (h.flags & wire::kHelloSolicited) != 0;
   if (passive_ && (h.flags & wire::kHelloJoins) != 0 && h.joins_port != 0) {
     joins_text_ = AddrText(h.joins_addr, h.joins_port);
+    // All zero: a client from before the token (its Hello was shorter).
+    static const uint8_t kNone[sizeof(h.join_token)] = {};
+    if (memcmp(h.join_token, kNone, sizeof(kNone)) != 0) {
+      join_token_.assign(reinterpret_cast<const char*>(h.join_token), sizeof(h.join_token));
+    }
   }
   flow_.Start(h.eager_depth, flow_.send_slots());
   // Our grants must fit the writer's staging buffers (its chunk size).
@@ -452,6 +461,11 @@ std::string ConnImpl::device() const {
 std::string ConnImpl::joins() const {
   std::lock_guard<std::mutex> g(mu_);
   return passive_ ? joins_text_ : std::string();
+}
+
+std::string ConnImpl::join_token() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return passive_ ? join_token_ : std::string();
 }
 
 ConnectionStats ConnImpl::stats() const {

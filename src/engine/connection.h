@@ -68,6 +68,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   std::string local() const override;
   std::string device() const override;
   std::string joins() const override;
+  std::string join_token() const override;
   ConnectionStats stats() const override;
   std::string Describe() const override;
 
@@ -114,7 +115,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool closed() const { return state_ == State::kClosed; }
   wire::Hello MyHello() const;
   // A client's: the TCP connection (its end) this one joins, said in its Hello.
-  void SetJoinsLocked(const sockaddr_in& tcp);
+  void SetJoinsLocked(const JoinRequest& joins);
   // Client, until established: the caller's callback. Server, from
   // rdma_accept: the listener's, to hand the connection over.
   Engine::ConnectDone connect_done;
@@ -299,8 +300,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   bool disconnect_when_drained_ = false;
   std::string peer_, local_;
   std::string device_;  // from set-up on
-  sockaddr_in joins_{};  // a client's: the TCP connection it joins (port 0: none)
+  JoinRequest joins_{};  // a client's: the TCP connection it joins (port 0: none)
   std::string joins_text_;  // "ip:port": a client's, or the peer's (its Hello)
+  std::string join_token_;  // a server's: the token the peer's Hello carried
   // Writes are queued and the peer's credits (or our send slots) are out:
   // counted once per such wait in credit_waits.
   bool credit_blocked_ = false;

@@ -204,7 +204,7 @@ void EngineImpl::SnapshotLocked(ConnList* out) const {
 
 std::weak_ptr<Connection> EngineImpl::Connect(const sockaddr_in& addr, int timeout_ms,
                                               Engine::ConnectDone done,
-                                              const sockaddr_in* joins) {
+                                              const JoinRequest* joins) {
   Deferred d;
   std::weak_ptr<Connection> made;
   {
@@ -658,7 +658,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const Options& options,
 }
 
 std::weak_ptr<Connection> Engine::Connect(const sockaddr_in& addr, int timeout_ms,
-                                          ConnectDone done, const sockaddr_in* joins) {
+                                          ConnectDone done, const JoinRequest* joins) {
   return impl_->Connect(addr, timeout_ms, std::move(done), joins);
 }
 

@@ -159,11 +159,24 @@ class Connection {
   // sees the peer); "" when it joins none. The client asks so with
   // Engine::Connect's `joins`.
   virtual std::string joins() const = 0;
+  // With joins(): the join token the client's Hello carried
+  // (kJoinTokenBytes bytes), "" if it carried none.
+  virtual std::string join_token() const = 0;
   virtual ConnectionStats stats() const = 0;
   // What the connection is doing, in one line, for diagnosing one that
   // does not go away: its state (and why it closed), the reads and writes
   // pending, sends in flight, grants out, and the bytes it moved.
   virtual std::string Describe() const = 0;
+};
+
+// What a client's RDMA connection says of the TCP connection it joins
+// (TF_RDMA_TCP_FIRST): the client's end of it, and a random token the
+// client also wrote into that TCP stream, so that the server joins the two
+// only for the process that owns the stream (docs/wire-protocol.md).
+constexpr size_t kJoinTokenBytes = 16;
+struct JoinRequest {
+  sockaddr_in tcp{};
+  uint8_t token[kJoinTokenBytes] = {};
 };
 
 class Engine {
@@ -183,11 +196,12 @@ class Engine {
   // Connects to `addr` over RDMA CM; `done` runs on the poller with the
   // connection, or UNAVAILABLE (no RDMA path, rejected, no answer within
   // `timeout_ms`). `joins`, if given, names the TCP connection (our end of
-  // it) that this one joins: the server's Connection::joins() says it.
+  // it) that this one joins, and its token: the server's
+  // Connection::joins() and join_token() say them.
   // Returns the connection being made (empty if it failed at once), for
   // CancelConnect.
   std::weak_ptr<Connection> Connect(const sockaddr_in& addr, int timeout_ms, ConnectDone done,
-                                    const sockaddr_in* joins = nullptr);
+                                    const JoinRequest* joins = nullptr);
   // Gives up a connect still under way, as its timeout would: `done` runs
   // with UNAVAILABLE and nothing more is set up. No effect once it is done.
   void CancelConnect(const std::weak_ptr<Connection>& connecting);

@@ -41,7 +41,7 @@ class EngineImpl : public std::enable_shared_from_this<EngineImpl> {
   void Shutdown();
 
   std::weak_ptr<Connection> Connect(const sockaddr_in& addr, int timeout_ms,
-                                    Engine::ConnectDone done, const sockaddr_in* joins);
+                                    Engine::ConnectDone done, const JoinRequest* joins);
   void CancelConnect(const std::weak_ptr<Connection>& connecting);
   absl::StatusOr<uint16_t> Listen(const sockaddr_in& addr, Engine::AcceptFn on_accept);
   void StopListening(const sockaddr_in& addr);

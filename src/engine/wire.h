@@ -70,6 +70,11 @@ struct Hello {
   uint32_t joins_addr;
   uint16_t joins_port;
   uint16_t reserved;
+  // With kHelloJoins: the random token the client also wrote into that TCP
+  // stream (an HTTP/2 frame of its own, src/glue/switch_endpoint.cc); the
+  // server joins the two only if they match. All zero from a client older
+  // than the token.
+  uint8_t join_token[16];
 };
 // The Hello of engines from before max_chunk: still accepted.
 constexpr size_t kHelloV2Bytes = 16;

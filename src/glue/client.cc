@@ -2,6 +2,7 @@
 // RDMA CM first (IPv4 addresses, within TF_RDMA_CONNECT_TIMEOUT_MS and the
 // call's deadline) and otherwise hands the very same request to gRPC's own
 // TCP client, which then completes it.
+#include <sys/random.h>
 #include <arpa/inet.h>
 
 #include <atomic>
@@ -69,13 +70,19 @@ void StartRdmaBeside(Attempt* a) {
   grpc_endpoint* tcp = *a->endpoint;
   std::string local = Ipv4HostPort(grpc_endpoint_get_local_address(tcp));
   std::shared_ptr<Switch> sw = CreateSwitchEndpoint(tcp, /*server=*/false, a->endpoint);
-  sockaddr_in dst{}, joins{};
+  sockaddr_in dst{};
+  JoinRequest joins;
   bool ok = ToIpv4(&a->addr, &dst);
   size_t colon = local.rfind(':');
   int port = 0;
   if (colon == std::string::npos ||
-      inet_pton(AF_INET, local.substr(0, colon).c_str(), &joins.sin_addr) != 1 ||
+      inet_pton(AF_INET, local.substr(0, colon).c_str(), &joins.tcp.sin_addr) != 1 ||
       !absl::SimpleAtoi(local.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    ok = false;
+  }
+  // The token only this process and the server see (in the TCP stream).
+  if (ok && getrandom(joins.token, sizeof(joins.token), 0) !=
+                static_cast<ssize_t>(sizeof(joins.token))) {
     ok = false;
   }
   Engine* engine = Runtime::Get()->engine();
@@ -84,8 +91,9 @@ void StartRdmaBeside(Attempt* a) {
                     local.c_str());
     return;
   }
-  joins.sin_family = AF_INET;
-  joins.sin_port = htons(static_cast<uint16_t>(port));
+  joins.tcp.sin_family = AF_INET;
+  joins.tcp.sin_port = htons(static_cast<uint16_t>(port));
+  SendJoinToken(sw, std::string(reinterpret_cast<const char*>(joins.token), sizeof(joins.token)));
   std::string key = a->key;
   auto started = std::chrono::steady_clock::now();
   GRPC_RDMA_TRACE("%s: TCP up (from %s); connecting over RDMA beside it (timeout %d ms)",

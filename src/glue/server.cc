@@ -47,16 +47,19 @@ struct AcceptState {
 };
 
 // TCP connections an RDMA connection may join, and RDMA connections that
-// came before the TCP connection they join was accepted. Keyed
-// "client-ip:client-port>server-port": the client's end of the TCP
+// came before the TCP connection they join was offered (its head read).
+// Keyed "client-ip:client-port>server-port": the client's end of the TCP
 // connection as the RDMA connection names it, and the server's address and
-// port it reached ("10.0.0.2:41234>10.0.0.1:50051").
+// port it reached ("10.0.0.2:41234>10.0.0.1:50051"). An RDMA connection
+// joins a TCP connection only if it names the token that stream carried
+// (a stream with no preface, TLS's, carries none: any from its host may).
 struct Joins {
   std::mutex mu;
   // An ended endpoint stays kJoinWait after a sweep found it ended, so an
   // RDMA connection that comes late is closed at once, not kept waiting.
   struct Tcp {
     std::weak_ptr<Switch> sw;
+    std::string token;  // "" for a stream that is not plaintext HTTP/2
     std::chrono::steady_clock::time_point ended{};  // when a sweep found it gone
   };
   std::map<std::string, Tcp> tcp;
@@ -90,6 +93,21 @@ void ExpireEarlyLocked(std::vector<std::shared_ptr<Connection>>* out) {
   }
 }
 
+// Whether `conn` may join a TCP stream that carried `token`.
+bool TokenMatches(const std::shared_ptr<Connection>& conn, const std::string& token) {
+  return token.empty() || conn->join_token() == token;
+}
+
+// Without J().mu: an RDMA connection whose token its TCP stream did not carry.
+void RefuseWrongToken(const std::shared_ptr<Connection>& conn) {
+  if (conn == nullptr) return;
+  gpr_log(GPR_ERROR,
+          "grpc_rdma: refusing an RDMA connection from %s that names the TCP connection from "
+          "%s with a join token that stream did not carry",
+          conn->peer().c_str(), conn->joins().c_str());
+  conn->Shutdown(absl::PermissionDeniedError("wrong join token"));
+}
+
 void DropEarly(std::vector<std::shared_ptr<Connection>>* conns) {
   for (auto& c : *conns) {
     GRPC_RDMA_TRACE("%s: no open TCP connection to join: closed", c->peer().c_str());
@@ -97,14 +115,11 @@ void DropEarly(std::vector<std::shared_ptr<Connection>>* conns) {
   }
 }
 
-// A TCP connection that an RDMA connection may join: registered, or joined
-// at once by one that came first.
-void OfferTcp(const std::shared_ptr<Switch>& sw, grpc_endpoint* ep) {
-  std::string client = SwitchTcpPeer(sw);
-  std::string server = Ipv4HostPort(grpc_endpoint_get_local_address(ep));
-  if (client.empty() || server.empty()) return;  // IPv6: RDMA CM serves IPv4 only
-  std::string key = client + ">" + server;
-  std::shared_ptr<Connection> early;
+// A TCP connection that an RDMA connection may join, once its head said
+// its token ("": none needed): registered, or joined at once by one that
+// came first with that token.
+void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, std::string token) {
+  std::shared_ptr<Connection> early, refused;
   std::vector<std::shared_ptr<Connection>> expired;
   {
     std::lock_guard<std::mutex> g(J().mu);
@@ -113,8 +128,10 @@ void OfferTcp(const std::shared_ptr<Switch>& sw, grpc_endpoint* ep) {
     if (it != J().rdma.end()) {
       early = std::move(it->second.conn);
       J().rdma.erase(it);
-    } else {
-      J().tcp[key] = {sw, {}};
+    }
+    if (early != nullptr && !TokenMatches(early, token)) refused = std::move(early);
+    if (early == nullptr) {
+      J().tcp[key] = {sw, std::move(token), {}};
       if (J().tcp.size() >= J().swept_at) {
         auto now = std::chrono::steady_clock::now();
         for (auto t = J().tcp.begin(); t != J().tcp.end();) {
@@ -133,6 +150,7 @@ void OfferTcp(const std::shared_ptr<Switch>& sw, grpc_endpoint* ep) {
     }
   }
   DropEarly(&expired);
+  RefuseWrongToken(refused);
   if (early != nullptr) AttachRdma(sw, std::move(early));
 }
 
@@ -153,6 +171,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
   std::string local = conn->local();  // "rdma:ip:port"
   std::string key = joins + ">" + local.substr(local.find(':') + 1);
   std::shared_ptr<Switch> sw;
+  std::shared_ptr<Connection> refused;
   std::vector<std::shared_ptr<Connection>> expired;
   {
     std::lock_guard<std::mutex> g(J().mu);
@@ -162,9 +181,17 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
     if (it != J().tcp.end()) {
       sw = it->second.sw.lock();
       ended = sw == nullptr;  // its TCP connection came and went: nothing to join
-      J().tcp.erase(it);
+      // A wrong token is refused; the stream stays offered to the right one.
+      if (!ended && !TokenMatches(conn, it->second.token)) {
+        sw = nullptr;
+        refused = std::move(conn);
+      } else {
+        J().tcp.erase(it);
+      }
     }
-    if (ended) {
+    if (refused != nullptr) {
+      // Refused below, without J().mu.
+    } else if (ended) {
       expired.push_back(std::move(conn));
     } else if (sw == nullptr) {
       if (J().rdma.size() >= kMaxEarly || J().rdma.count(key) != 0) {
@@ -194,6 +221,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
     }
   }
   DropEarly(&expired);
+  RefuseWrongToken(refused);
   if (sw != nullptr) AttachRdma(sw, std::move(conn));
 }
 
@@ -328,7 +356,15 @@ void OnTcpAccept(void* arg, grpc_endpoint* ep, grpc_pollset* pollset,
   if (joinable) {
     grpc_endpoint* wrapped = nullptr;
     std::shared_ptr<Switch> sw = CreateSwitchEndpoint(ep, /*server=*/true, &wrapped);
-    OfferTcp(sw, wrapped);
+    std::string client = SwitchTcpPeer(sw);
+    std::string server = Ipv4HostPort(grpc_endpoint_get_local_address(wrapped));
+    if (!client.empty() && !server.empty()) {  // IPv6: RDMA CM serves IPv4 only
+      std::weak_ptr<Switch> weak = sw;
+      std::string key = client + ">" + server;
+      OnStreamHead(sw, [weak, key](std::string token) {
+        if (std::shared_ptr<Switch> s = weak.lock()) OfferTcp(s, key, std::move(token));
+      });
+    }
     ep = wrapped;
   }
   as->on_accept(as->on_accept_arg, ep, pollset, acceptor);

@@ -8,6 +8,7 @@
 #include <grpc/slice.h>
 #include <grpc/slice_buffer.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -47,8 +48,15 @@ struct Switch : std::enable_shared_from_this<Switch> {
   // A fault that ends the endpoint (the peer broke the switch's protocol).
   grpc_error_handle fatal;
 
+  // The join token. A client's: its frame, until gRPC's first write takes
+  // it. A server's: the TCP stream's first bytes, until they say what the
+  // stream carries, and what to tell then.
+  std::string join_frame;
+  std::string head;
+  std::function<void(std::string)> on_head;
+
   // Writing.
-  uint64_t tcp_written = 0;     // bytes gRPC wrote on TCP
+  uint64_t tcp_written = 0;     // bytes written on TCP (a token's frame among them)
   bool tcp_write_pending = false;
   bool writes_rdma = false;     // the header went out: writes go by RDMA
   grpc_closure* write_cb = nullptr;  // gRPC's, for the TCP write in flight
@@ -136,6 +144,7 @@ struct Actions {
   grpc_endpoint* fail_rdma = nullptr;
   std::function<void()> gone;  // Switch::on_gone, to run
   std::function<void()> dropped;  // Switch::on_dropped, to run
+  std::function<void()> head_read;  // Switch::on_head, with what the head said
 };
 
 // Under mu: the header goes out on the RDMA connection and writes follow
@@ -319,7 +328,35 @@ void Run(Switch* s, Actions* a) {
     }
     DestroyInner(tcp, rdma);
   }
+  if (a->head_read) a->head_read();
   if (a->complete != nullptr) RunClosure(a->complete, a->complete_error);
+}
+
+// Under mu, a server's: the TCP bytes just read, looked at until the
+// stream's head says whether it carries a join token.
+void ReadHeadLocked(Switch* s, const grpc_slice_buffer& in, Actions* a) {
+  for (size_t i = 0; i < in.count && s->head.size() < kMaxStreamHead; ++i) {
+    const char* p = reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(in.slices[i]));
+    size_t n = std::min(GRPC_SLICE_LENGTH(in.slices[i]), kMaxStreamHead - s->head.size());
+    s->head.append(p, n);
+  }
+  std::string token;
+  StreamHead h = ReadStreamHead(s->head, &token);
+  if (h == StreamHead::kNeedMore && s->head.size() < kMaxStreamHead) return;
+  std::function<void(std::string)> fn = std::move(s->on_head);
+  s->on_head = nullptr;
+  std::string().swap(s->head);
+  if (h == StreamHead::kToken) {
+    a->head_read = [fn, token] { fn(token); };
+  } else if (h == StreamHead::kNotPlaintext) {
+    GRPC_RDMA_TRACE("%s: the TCP stream is not plaintext HTTP/2 (TLS?): an RDMA connection "
+                    "may join it by address alone",
+                    s->peer.c_str());
+    a->head_read = [fn] { fn(std::string()); };
+  } else {
+    GRPC_RDMA_TRACE("%s: the TCP stream carries no join token: no RDMA connection joins it",
+                    s->peer.c_str());
+  }
 }
 
 void OnTcpRead(void* arg, grpc_error_handle error) {
@@ -342,9 +379,11 @@ void OnTcpRead(void* arg, grpc_error_handle error) {
         }
         grpc_slice_buffer_reset_and_unref(&s->tcp_in);
       } else {
+        if (s->on_head) ReadHeadLocked(s, s->tcp_in, &a);
         grpc_slice_buffer_move_into(&s->tcp_in, &s->tcp_ready);
       }
     } else {
+      s->on_head = nullptr;  // the stream ended before its head said anything
       grpc_slice_buffer_reset_and_unref(&s->tcp_in);
       // After the switch the idle TCP connection may end (the peer went):
       // the RDMA connection says how the stream ends.
@@ -466,6 +505,35 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
   Run(s, &a);
 }
 
+// Under mu, a client's first write on TCP: the token's frame goes in after
+// the preface and its SETTINGS frame. A first write that is not those
+// (TLS's handshake) takes none; its server joins by address alone.
+void InsertJoinFrameLocked(Switch* s, grpc_slice_buffer* slices) {
+  std::string frame = std::move(s->join_frame);
+  s->join_frame.clear();
+  char head[24 + 9];
+  size_t n = 0;
+  for (size_t i = 0; i < slices->count && n < sizeof(head); ++i) {
+    size_t k = std::min(GRPC_SLICE_LENGTH(slices->slices[i]), sizeof(head) - n);
+    memcpy(head + n, GRPC_SLICE_START_PTR(slices->slices[i]), k);
+    n += k;
+  }
+  size_t at = JoinFrameOffset(absl::string_view(head, n));
+  if (at == 0 || at > slices->length) {
+    GRPC_RDMA_TRACE("%s: the first TCP write is not HTTP/2's preface and SETTINGS (TLS?): no "
+                    "join token in the stream",
+                    s->peer.c_str());
+    return;
+  }
+  grpc_slice_buffer rest;
+  grpc_slice_buffer_init(&rest);
+  grpc_slice_buffer_swap(slices, &rest);
+  grpc_slice_buffer_move_first(&rest, at, slices);
+  grpc_slice_buffer_add(slices, grpc_slice_from_copied_buffer(frame.data(), frame.size()));
+  grpc_slice_buffer_move_into(&rest, slices);
+  grpc_slice_buffer_destroy(&rest);
+}
+
 void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, void* arg,
              int max_frame_size) {
   Switch* s = Of(ep);
@@ -480,6 +548,7 @@ void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, voi
     }
     tcp = !s->writes_rdma;
     target = tcp ? s->tcp : s->rdma;
+    if (tcp && !s->join_frame.empty()) InsertJoinFrameLocked(s, slices);
     if (tcp) {
       s->tcp_written += slices->length;
       s->tcp_write_pending = true;
@@ -574,6 +643,64 @@ const grpc_endpoint_vtable kVtable = {
 
 }  // namespace
 
+namespace {
+constexpr absl::string_view kPreface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 24);
+constexpr size_t kFrameHeader = 9;
+constexpr uint8_t kSettings = 4;
+
+// An HTTP/2 frame header at `p`: its payload length, type and stream.
+void FrameHeaderAt(const char* p, uint32_t* len, uint8_t* type, uint32_t* stream) {
+  auto b = [p](int i) { return static_cast<uint32_t>(static_cast<uint8_t>(p[i])); };
+  *len = (b(0) << 16) | (b(1) << 8) | b(2);
+  *type = static_cast<uint8_t>(b(3));
+  *stream = ((b(5) << 24) | (b(6) << 16) | (b(7) << 8) | b(8)) & 0x7fffffffu;
+}
+}  // namespace
+
+std::string JoinFrame(absl::string_view token) {
+  std::string f(kFrameHeader, '\0');
+  f[2] = static_cast<char>(8 + kJoinTokenBytes);
+  f[3] = static_cast<char>(kJoinFrameType);
+  f.append(kJoinFrameLabel, 8);
+  f.append(token.data(), std::min(token.size(), kJoinTokenBytes));
+  f.resize(kJoinFrameBytes, '\0');
+  return f;
+}
+
+size_t JoinFrameOffset(absl::string_view head) {
+  if (head.size() < kPreface.size() + kFrameHeader || head.substr(0, kPreface.size()) != kPreface) {
+    return 0;
+  }
+  uint32_t len, stream;
+  uint8_t type;
+  FrameHeaderAt(head.data() + kPreface.size(), &len, &type, &stream);
+  if (type != kSettings || stream != 0 || len > kMaxStreamHead - 24 - 9 - kJoinFrameBytes) {
+    return 0;
+  }
+  return kPreface.size() + kFrameHeader + len;
+}
+
+StreamHead ReadStreamHead(absl::string_view head, std::string* token) {
+  size_t n = std::min(head.size(), kPreface.size());
+  if (head.substr(0, n) != kPreface.substr(0, n)) return StreamHead::kNotPlaintext;
+  if (head.size() < kPreface.size() + kFrameHeader) return StreamHead::kNeedMore;
+  size_t at = JoinFrameOffset(head);
+  if (at == 0) return StreamHead::kNoToken;  // not SETTINGS first, or one too large
+  if (head.size() < at + kFrameHeader) return StreamHead::kNeedMore;
+  uint32_t len, stream;
+  uint8_t type;
+  FrameHeaderAt(head.data() + at, &len, &type, &stream);
+  if (type != kJoinFrameType || len != 8 + kJoinTokenBytes || stream != 0) {
+    return StreamHead::kNoToken;
+  }
+  if (head.size() < at + kJoinFrameBytes) return StreamHead::kNeedMore;
+  if (head.substr(at + kFrameHeader, 8) != absl::string_view(kJoinFrameLabel, 8)) {
+    return StreamHead::kNoToken;
+  }
+  *token = std::string(head.substr(at + kFrameHeader + 8, kJoinTokenBytes));
+  return StreamHead::kToken;
+}
+
 std::string Ipv4HostPort(absl::string_view a) {
   constexpr absl::string_view kIpv4 = "ipv4:";
   if (a.substr(0, kIpv4.size()) != kIpv4) return "";
@@ -633,6 +760,16 @@ bool AttachRdma(const std::shared_ptr<Switch>& sw, std::shared_ptr<Connection> c
   }
   Run(s, &a);
   return true;
+}
+
+void SendJoinToken(const std::shared_ptr<Switch>& sw, std::string token) {
+  std::lock_guard<std::mutex> g(sw->mu);
+  sw->join_frame = JoinFrame(token);
+}
+
+void OnStreamHead(const std::shared_ptr<Switch>& sw, std::function<void(std::string)> fn) {
+  std::lock_guard<std::mutex> g(sw->mu);
+  sw->on_head = std::move(fn);
 }
 
 void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn) {

@@ -16,6 +16,16 @@
 // writes moved leaves the endpoint on TCP; after, the endpoint fails as any
 // endpoint whose connection broke. The TCP connection stays open, idle,
 // until the endpoint is destroyed.
+//
+// The join token: a client writes a random token into its TCP stream, as
+// an HTTP/2 frame of a type HTTP/2 leaves unassigned (which every HTTP/2
+// receiver skips, gRPC's among them) right after the SETTINGS frame that
+// follows its preface, and names the same token in its RDMA Hello. The
+// server joins an RDMA connection only to the TCP stream that carried its
+// token, so no other process on the client's host can take a plaintext
+// connection's RDMA half. A stream that does not start with HTTP/2's
+// preface (TLS's handshake) carries no token: it is joined by address
+// alone, and TLS's own integrity checks stand guard.
 #ifndef GRPC_RDMA_SRC_GLUE_SWITCH_ENDPOINT_H_
 #define GRPC_RDMA_SRC_GLUE_SWITCH_ENDPOINT_H_
 
@@ -30,6 +40,29 @@
 namespace grpc_rdma {
 
 struct Switch;
+
+// The join token's frame: 9-byte HTTP/2 frame header (length 24, type
+// kJoinFrameType, no flags, stream 0), then kJoinFrameLabel and the token.
+constexpr uint8_t kJoinFrameType = 0xf5;
+constexpr char kJoinFrameLabel[] = "GRDMAJT1";  // 8 bytes
+constexpr size_t kJoinFrameBytes = 9 + 8 + kJoinTokenBytes;
+std::string JoinFrame(absl::string_view token);
+
+// Where a client's first write takes the token's frame: after the preface
+// and the SETTINGS frame that follows it, if `head` (the write's first
+// bytes) holds both whole; 0 when it does not.
+size_t JoinFrameOffset(absl::string_view head);
+
+// What the first bytes a server read of a TCP stream say of its token.
+enum class StreamHead {
+  kNeedMore,      // not decided yet: read on
+  kToken,         // plaintext HTTP/2 with a token (*token set)
+  kNoToken,       // plaintext HTTP/2 without one: never joined
+  kNotPlaintext,  // no HTTP/2 preface (TLS's handshake): joined by address
+};
+StreamHead ReadStreamHead(absl::string_view head, std::string* token);
+// The most bytes ReadStreamHead needs to decide.
+constexpr size_t kMaxStreamHead = 24 + 9 + 4096 + kJoinFrameBytes;
 
 // "GRDMASW1" (as little-endian bytes), the first 8 bytes of each
 // direction's RDMA stream.
@@ -55,6 +88,16 @@ void SetOnGone(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
 // `fn` runs once if the RDMA connection is dropped before this side's
 // writes moved to it (the endpoint stays on TCP). Set before AttachRdma.
 void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
+
+// A client's: `token` (kJoinTokenBytes) goes into the TCP stream as its
+// frame, in gRPC's first write. Set before gRPC has the endpoint.
+void SendJoinToken(const std::shared_ptr<Switch>& sw, std::string token);
+
+// A server's: `fn` runs once, when the head of the TCP stream is read: with
+// the client's token, or with "" for a stream that is not plaintext HTTP/2.
+// Never for a plaintext stream without a token. Set before gRPC has the
+// endpoint.
+void OnStreamHead(const std::shared_ptr<Switch>& sw, std::function<void(std::string)> fn);
 
 // Whether the endpoint takes no RDMA connection any more: it has one, or
 // gRPC shut it down or destroyed it, or it failed.

@@ -1,14 +1,25 @@
-// A server that joins TCP connections (grpc.rdma.tcp_first) holds an RDMA
-// connection that names a TCP connection it has not accepted for
-// kJoinWait (5 s, src/glue/server.cc), and closes it then: a timer does,
-// with no later connection to sweep it. The client here is an engine of
-// its own (not the plugin's), so it can name a TCP connection that never
-// comes.
+// A server that joins TCP connections (grpc.rdma.tcp_first), met by an RDMA
+// connection from an engine of the test's own (not the plugin's), so it can
+// name any TCP connection with any token:
+//  - one that names a TCP connection the server never accepts is held for
+//    kJoinWait (5 s, src/glue/server.cc) and closed then, by a timer, with
+//    no later connection to sweep it;
+//  - one that names a TCP connection with a token that stream did not carry
+//    is refused at once, and the stream stays joinable with its own token;
+//  - a plaintext stream that carries no token is joined by no one.
+// The TCP connections are the test's own sockets, which write what a
+// TF_RDMA_TCP_FIRST client's gRPC writes first: HTTP/2's preface, a SETTINGS
+// frame and the join token's frame (src/glue/switch_endpoint.h).
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
+#include <string>
 
 #include "echo_service.h"
 #include "engine/engine.h"
@@ -18,50 +29,158 @@
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+using ConnPtr = std::shared_ptr<grpc_rdma::Connection>;
 
-TEST(Join, AnRdmaConnectionNoTcpConnectionMeetsIsClosedAfterItsWait) {
-  grpc_rdma_test::EchoService service;
-  int port = 0;
-  grpc::ServerBuilder b;
-  b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  b.RegisterService(&service);
-  b.AddChannelArgument("grpc.rdma.tcp_first", 1);
-  std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  ASSERT_NE(server, nullptr);
+constexpr char kPreface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-  grpc_rdma::Options options;
-  auto engine = grpc_rdma::Engine::Create(options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+// A joining server on 127.0.0.1 and an engine to meet it.
+class Join : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    b.RegisterService(&service_);
+    b.AddChannelArgument("grpc.rdma.tcp_first", 1);
+    server_ = b.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    grpc_rdma::Options options;
+    auto engine = grpc_rdma::Engine::Create(options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+  }
+  void TearDown() override {
+    for (int fd : fds_) close(fd);
+    if (server_) server_->Shutdown();
+  }
+
+  // An RDMA connection to the server that joins `joins` with `token`.
+  absl::StatusOr<ConnPtr> ConnectJoining(const sockaddr_in& joins, const std::string& token) {
+    grpc_rdma::JoinRequest req;
+    req.tcp = joins;
+    memcpy(req.token, token.data(), std::min(token.size(), sizeof(req.token)));
+    std::promise<absl::StatusOr<ConnPtr>> connected;
+    engine_->Connect(
+        grpc_rdma::testing::Loopback(static_cast<uint16_t>(port_)), 5000,
+        [&](absl::StatusOr<ConnPtr> r) { connected.set_value(std::move(r)); }, &req);
+    return connected.get_future().get();
+  }
+
+  // A TCP connection of the test's own to the server, which writes `bytes`;
+  // its end, as the server sees its peer.
+  sockaddr_in TcpWriting(const std::string& bytes) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_GE(fd, 0);
+    fds_.push_back(fd);
+    sockaddr_in to = grpc_rdma::testing::Loopback(static_cast<uint16_t>(port_));
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << strerror(errno);
+    EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len), 0);
+    return me;
+  }
+
+  int port_ = 0;
+  grpc_rdma_test::EchoService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc_rdma::Engine> engine_;
+  std::vector<int> fds_;
+};
+
+// HTTP/2's preface and an empty SETTINGS frame, as a client's gRPC starts.
+std::string PrefaceAndSettings() {
+  std::string s(kPreface, 24);
+  s.append("\0\0\0\x04\0\0\0\0\0", 9);
+  return s;
+}
+
+// The join token's frame (switch_endpoint.h: length 24, type 0xf5, stream 0,
+// "GRDMAJT1", the token).
+std::string TokenFrame(const std::string& token) {
+  std::string f("\0\0\x18\xf5\0\0\0\0\0", 9);
+  return f + "GRDMAJT1" + token;
+}
+
+// What comes on `conn` within `wait`: the first bytes (up to 16), or how
+// it ended.
+struct Outcome {
+  std::string bytes;
+  absl::Status ended;
+  std::chrono::milliseconds after{0};
+};
+Outcome FirstBytes(const ConnPtr& conn, std::chrono::seconds wait) {
+  auto started = SteadyClock::now();
+  auto p = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
+  conn->Read([p](absl::StatusOr<grpc_rdma::RecvChunks> r) {
+    if (!r.ok()) return p->set_value(r.status());
+    std::string s;
+    for (const auto& c : *r) s.append(c.data(), c.size());
+    p->set_value(s);
+  });
+  std::future<absl::StatusOr<std::string>> f = p->get_future();
+  Outcome o;
+  if (f.wait_for(wait) != std::future_status::ready) {
+    o.ended = absl::DeadlineExceededError("nothing came");
+    conn->Shutdown(absl::CancelledError("test over"));
+    f.wait();
+    return o;
+  }
+  o.after = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - started);
+  absl::StatusOr<std::string> r = f.get();
+  if (r.ok()) {
+    o.bytes = r->substr(0, 16);
+  } else {
+    o.ended = r.status();
+  }
+  return o;
+}
+
+TEST_F(Join, AnRdmaConnectionNoTcpConnectionMeetsIsClosedAfterItsWait) {
   // Names the TCP connection from 127.0.0.1:1, which never comes.
-  sockaddr_in joins = grpc_rdma::testing::Loopback(1);
-  std::promise<absl::StatusOr<std::shared_ptr<grpc_rdma::Connection>>> connected;
-  (*engine)->Connect(
-      grpc_rdma::testing::Loopback(static_cast<uint16_t>(port)), 5000,
-      [&](absl::StatusOr<std::shared_ptr<grpc_rdma::Connection>> r) {
-        connected.set_value(std::move(r));
-      },
-      &joins);
-  absl::StatusOr<std::shared_ptr<grpc_rdma::Connection>> conn = connected.get_future().get();
+  auto conn = ConnectJoining(grpc_rdma::testing::Loopback(1), std::string(16, 'x'));
   ASSERT_TRUE(conn.ok()) << "the server did not accept the RDMA connection: " << conn.status();
-  SteadyClock::time_point accepted = SteadyClock::now();
-
   // Nothing comes on it (the server writes its header only once it joined),
   // until it is closed.
-  auto ended = std::make_shared<std::promise<absl::Status>>();
-  (*conn)->Read([ended](absl::StatusOr<grpc_rdma::RecvChunks> r) {
-    ended->set_value(r.ok() ? absl::InternalError("bytes came on an unjoined connection")
-                            : r.status());
-  });
-  std::future<absl::Status> f = ended->get_future();
-  ASSERT_EQ(f.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+  Outcome o = FirstBytes(*conn, std::chrono::seconds(30));
+  ASSERT_TRUE(o.bytes.empty()) << "bytes came on an unjoined connection";
+  ASSERT_FALSE(absl::IsDeadlineExceeded(o.ended))
       << "the server held the unjoined RDMA connection for over 30 s";
-  absl::Status why = f.get();
-  auto held = std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - accepted);
-  EXPECT_FALSE(why.ok());
-  EXPECT_NE(why.code(), absl::StatusCode::kInternal) << why;
-  EXPECT_GE(held.count(), 3000) << "closed before its wait was over: " << why;
+  EXPECT_GE(o.after.count(), 3000) << "closed before its wait was over: " << o.ended;
   (*conn)->Shutdown(absl::CancelledError("test over"));
-  server->Shutdown();
+}
+
+TEST_F(Join, AWrongTokenIsRefusedAtOnceAndTheRightOneJoins) {
+  const std::string token = "0123456789abcdef";
+  sockaddr_in tcp = TcpWriting(PrefaceAndSettings() + TokenFrame(token));
+
+  auto wrong = ConnectJoining(tcp, "fedcba9876543210");
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  Outcome o = FirstBytes(*wrong, std::chrono::seconds(30));
+  EXPECT_TRUE(o.bytes.empty()) << "the server joined an RDMA connection with a wrong token";
+  EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "the wrong token was not refused";
+  EXPECT_LT(o.after.count(), 3000) << "the wrong token was held, not refused at once";
+  (*wrong)->Shutdown(absl::CancelledError("test over"));
+
+  // The stream's own token joins it: the server's switch header comes
+  // first on the RDMA connection ("GRDMASW1", then its TCP bytes).
+  auto right = ConnectJoining(tcp, token);
+  ASSERT_TRUE(right.ok()) << right.status();
+  o = FirstBytes(*right, std::chrono::seconds(30));
+  ASSERT_TRUE(o.ended.ok()) << "the right token did not join: " << o.ended;
+  EXPECT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
+  (*right)->Shutdown(absl::CancelledError("test over"));
+}
+
+TEST_F(Join, APlaintextStreamWithoutATokenIsJoinedByNoOne) {
+  // What a TCP-first client from before the token, or a plain client, sends.
+  sockaddr_in tcp = TcpWriting(PrefaceAndSettings() + std::string("\0\0\0\x04\x01\0\0\0\0", 9));
+  auto conn = ConnectJoining(tcp, std::string(16, '\0'));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  Outcome o = FirstBytes(*conn, std::chrono::seconds(30));
+  EXPECT_TRUE(o.bytes.empty()) << "a stream without a token was joined";
+  EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "held for over 30 s";
+  EXPECT_GE(o.after.count(), 3000) << "closed before its wait was over: " << o.ended;
+  (*conn)->Shutdown(absl::CancelledError("test over"));
 }
 
 }  // namespace
