@@ -13,7 +13,8 @@
 //                                      three channels, one after the other;
 //                                      checks every byte; exit 0 when all
 //                                      came back
-//   echo_tool pingpong TARGET CALLS    CALLS 64 B unary calls on one
+//   echo_tool pingpong TARGET CALLS [--tls CA HOST]
+//                                      CALLS 64 B unary calls on one
 //                                      channel, one after the other (a
 //                                      small-call ping-pong); checks every
 //                                      byte
@@ -81,15 +82,21 @@ bool CheckedUnary(Echo::Stub& stub, size_t n, uint32_t seed, const std::string& 
   return true;
 }
 
+// TLS with `ca` as the root and `host` as the name expected, if `ca` is
+// given; plaintext otherwise.
+std::shared_ptr<grpc::ChannelCredentials> ClientCreds(const std::string& ca,
+                                                      const std::string& host,
+                                                      grpc::ChannelArguments* args) {
+  if (ca.empty()) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions o;
+  o.pem_root_certs = ReadFile(ca);
+  if (!host.empty()) args->SetSslTargetNameOverride(host);
+  return grpc::SslCredentials(o);
+}
+
 int Call(const std::string& target, const std::string& ca, const std::string& host) {
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args = grpc_rdma_test::BigMessageArgs();
-  if (!ca.empty()) {
-    grpc::SslCredentialsOptions o;
-    o.pem_root_certs = ReadFile(ca);
-    creds = grpc::SslCredentials(o);
-    if (!host.empty()) args.SetSslTargetNameOverride(host);
-  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = ClientCreds(ca, host, &args);
   const size_t kSizes[] = {0, 1, 8192, 8193, 100000, 1 << 20, (4 << 20) + 1};
   uint32_t seed = 1;
   // Three channels: the third shows what the first two taught the plugin
@@ -106,9 +113,11 @@ int Call(const std::string& target, const std::string& ca, const std::string& ho
   return 0;
 }
 
-int PingPong(const std::string& target, int calls) {
-  auto stub = Echo::NewStub(grpc::CreateCustomChannel(
-      target, grpc::InsecureChannelCredentials(), grpc_rdma_test::BigMessageArgs()));
+int PingPong(const std::string& target, int calls, const std::string& ca,
+             const std::string& host) {
+  grpc::ChannelArguments args = grpc_rdma_test::BigMessageArgs();
+  std::shared_ptr<grpc::ChannelCredentials> creds = ClientCreds(ca, host, &args);
+  auto stub = Echo::NewStub(grpc::CreateCustomChannel(target, creds, args));
   for (int i = 0; i < calls; ++i) {
     Blob resp;
     if (!CheckedUnary(*stub, 64, static_cast<uint32_t>(i), "call " + std::to_string(i), &resp))
@@ -160,7 +169,7 @@ int Usage() {
           "usage: echo_tool serve ADDR:PORT [--tls CERT KEY] [--max-idle-ms N] [--heap-file F]\n"
           "       echo_tool call TARGET [--tls CA HOSTNAME]\n"
           "       echo_tool watch TARGET\n"
-          "       echo_tool pingpong TARGET CALLS\n"
+          "       echo_tool pingpong TARGET CALLS [--tls CA HOSTNAME]\n"
           "       echo_tool idle TARGET SECONDS\n");
   return 2;
 }
@@ -187,6 +196,10 @@ int main(int argc, char** argv) {
     }
     return Serve(addr, a, b, o);
   }
+  if (mode == "pingpong" && argc == 7 && std::string(argv[4]) == "--tls") {
+    int calls = atoi(argv[3]);
+    return calls > 0 ? PingPong(addr, calls, argv[5], argv[6]) : Usage();
+  }
   if (argc == 6 && std::string(argv[3]) == "--tls") {
     a = argv[4];
     b = argv[5];
@@ -198,6 +211,6 @@ int main(int argc, char** argv) {
   if (mode == "call") return Call(addr, a, b);
   if (mode == "watch") return Watch(addr);
   if (mode == "idle" && !a.empty() && b.empty()) return Idle(addr, atoi(a.c_str()));
-  if (mode == "pingpong" && atoi(a.c_str()) > 0) return PingPong(addr, atoi(a.c_str()));
+  if (mode == "pingpong" && atoi(a.c_str()) > 0) return PingPong(addr, atoi(a.c_str()), "", "");
   return Usage();
 }

@@ -52,6 +52,12 @@
 #              finds it by polling the connection's CQ, left disarmed
 #              while it spins (grpc_poller_spin_polls); with
 #              TF_RDMA_SPIN_US=0 on both, never
+#   tcp-first  TF_RDMA_TCP_FIRST=1 on both sides: ping-pong rounds until a
+#              channel that started on TCP moved to RDMA (the client's join
+#              token read by the server from its TCP stream), every byte
+#              checked, no fallback
+#   tcp-first-tls  the same over TLS, whose stream carries no token: the
+#              server joins it by address alone
 #   dev-name   two devices on the client (mlx5_0 on 127.0.0.1, mlx5_1 on
 #              127.0.0.2) and TF_RDMA_DEV_NAME=mlx5_1, the server on
 #              127.0.0.1: TCP, with the engine's line through gRPC's logger
@@ -61,7 +67,7 @@ set -u
 
 CASES=(rdma tls plain-server plain-client disabled bad-env netns server-dies client-dies
        device-removed small-pool mixed-chunks acc-1m buf-edge no-device trace dev-name stats-interval
-       roce-settings device-returns half-open-flood spin-poll)
+       roce-settings device-returns half-open-flood spin-poll tcp-first tcp-first-tls)
 BUILD=""
 CASE=""
 while [ $# -gt 0 ]; do
@@ -188,13 +194,16 @@ call() {
 }
 
 # call_tool NS CLIENT_ADDR MODE TARGET ARG [VAR=VALUE...]: another echo_tool
-# client mode (pingpong TARGET CALLS), with the plugin.
+# client mode (pingpong TARGET CALLS), with the plugin; TOOL_EXTRA: more
+# of the tool's arguments.
+TOOL_EXTRA=()
 call_tool() {
   local ns=$1 addr=$2 mode=$3 target=$4 arg=$5; shift 5
   side_env client 1 "SOFTVERBS_DEVICES=mlx5_0:$addr" "$@"
   local pre=()
   [ -n "$ns" ] && pre=(ip netns exec "$ns")
   if ! timeout 120 "${pre[@]}" "${SIDE_ENV[@]}" "$TOOL" "$mode" "$target" "$arg" \
+      "${TOOL_EXTRA[@]}" \
       >"$TMP/client.out" 2>"$TMP/client.err"; then
     fail "client failed: $(tail -n 3 "$TMP/client.err")"
     return 1
@@ -282,6 +291,26 @@ case "$CASE" in
     expect "$C" grpc_poller_spin_polls eq 0
     expect "$S" grpc_poller_spins eq 0
     expect "$S" grpc_poller_spin_polls eq 0
+    ;;
+  tcp-first|tcp-first-tls)
+    # Each round a new client process, 300 calls on one channel: the move
+    # comes a few milliseconds after TCP's connect, well inside a round,
+    # unless the machine is very busy; up to 20 rounds.
+    if [ "$CASE" = tcp-first-tls ]; then
+      make_certs || { echo "FAIL $CASE: openssl could not make certificates"; exit 1; }
+      SERVER_TLS="--tls $TMP/server.pem $TMP/server.key"
+      TOOL_EXTRA=(--tls "$TMP/ca.pem" echo.test)
+    fi
+    start_server "" 127.0.0.1 1 TF_RDMA_TCP_FIRST=1 && {
+      for _ in $(seq 1 20); do
+        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 300 TF_RDMA_TCP_FIRST=1 || break
+        [ "$(stat "$C" tcp_first_moved)" -ge 1 ] 2>/dev/null && break
+      done
+      stop_server
+    }
+    expect "$C" tcp_first_moved ge 1
+    expect "$C" fallbacks eq 0
+    grep -q "refusing" "$TMP/server.err" && fail "the server refused a join: $(grep refusing "$TMP/server.err" | head -1)"
     ;;
   plain-server)
     start_server "" 127.0.0.1 0 && { call "" 127.0.0.1 "127.0.0.1:$PORT" 1; stop_server; }
