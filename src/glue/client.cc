@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -81,9 +82,12 @@ void StartRdmaBeside(Attempt* a) {
     ok = false;
   }
   // The token only this process and the server see (in the TCP stream).
-  if (ok && getrandom(joins.token, sizeof(joins.token), 0) !=
-                static_cast<ssize_t>(sizeof(joins.token))) {
-    ok = false;
+  if (ok) {
+    ssize_t got;
+    do {
+      got = getrandom(joins.token, sizeof(joins.token), 0);
+    } while (got < 0 && errno == EINTR);
+    ok = got == static_cast<ssize_t>(sizeof(joins.token));
   }
   Engine* engine = Runtime::Get()->engine();
   if (!ok || engine == nullptr) {

@@ -60,6 +60,9 @@ struct Joins {
   struct Tcp {
     std::weak_ptr<Switch> sw;
     std::string token;  // "" for a stream that is not plaintext HTTP/2
+    // false: plaintext without a token; an RDMA connection that names it
+    // is closed at once rather than kept waiting.
+    bool joinable = true;
     std::chrono::steady_clock::time_point ended{};  // when a sweep found it gone
   };
   std::map<std::string, Tcp> tcp;
@@ -93,14 +96,21 @@ void ExpireEarlyLocked(std::vector<std::shared_ptr<Connection>>* out) {
   }
 }
 
-// Whether `conn` may join a TCP stream that carried `token`.
-bool TokenMatches(const std::shared_ptr<Connection>& conn, const std::string& token) {
-  return token.empty() || conn->join_token() == token;
+// Whether `conn` may join the TCP stream `tcp` (its token, if it has one).
+bool MayJoin(const std::shared_ptr<Connection>& conn, const Joins::Tcp& tcp) {
+  return tcp.joinable && (tcp.token.empty() || conn->join_token() == tcp.token);
 }
 
-// Without J().mu: an RDMA connection whose token its TCP stream did not carry.
-void RefuseWrongToken(const std::shared_ptr<Connection>& conn) {
+// Without J().mu: an RDMA connection that may not join the stream it names.
+void Refuse(const std::shared_ptr<Connection>& conn, bool joinable) {
   if (conn == nullptr) return;
+  if (!joinable) {
+    GRPC_RDMA_TRACE("%s: the TCP connection from %s it joins carries no join token (a plain "
+                    "client's, or a TCP-first client's from before the token): closed",
+                    conn->peer().c_str(), conn->joins().c_str());
+    conn->Shutdown(absl::UnavailableError("that TCP stream carries no join token"));
+    return;
+  }
   gpr_log(GPR_ERROR,
           "grpc_rdma: refusing an RDMA connection from %s that names the TCP connection from "
           "%s with a join token that stream did not carry",
@@ -115,10 +125,13 @@ void DropEarly(std::vector<std::shared_ptr<Connection>>* conns) {
   }
 }
 
-// A TCP connection that an RDMA connection may join, once its head said
-// its token ("": none needed): registered, or joined at once by one that
-// came first with that token.
-void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, std::string token) {
+// A TCP connection whose head was read: registered for an RDMA connection
+// to join (with its token, if it carries one; by address, if it is not
+// plaintext HTTP/2), or joined at once by one that came first. A plaintext
+// stream without a token is registered as one nobody joins.
+void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, StreamHead head,
+              std::string token) {
+  Joins::Tcp entry{sw, std::move(token), head != StreamHead::kNoToken, {}};
   std::shared_ptr<Connection> early, refused;
   std::vector<std::shared_ptr<Connection>> expired;
   {
@@ -129,9 +142,9 @@ void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, std::st
       early = std::move(it->second.conn);
       J().rdma.erase(it);
     }
-    if (early != nullptr && !TokenMatches(early, token)) refused = std::move(early);
+    if (early != nullptr && !MayJoin(early, entry)) refused = std::move(early);
     if (early == nullptr) {
-      J().tcp[key] = {sw, std::move(token), {}};
+      J().tcp[key] = entry;
       if (J().tcp.size() >= J().swept_at) {
         auto now = std::chrono::steady_clock::now();
         for (auto t = J().tcp.begin(); t != J().tcp.end();) {
@@ -150,7 +163,7 @@ void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, std::st
     }
   }
   DropEarly(&expired);
-  RefuseWrongToken(refused);
+  Refuse(refused, entry.joinable);
   if (early != nullptr) AttachRdma(sw, std::move(early));
 }
 
@@ -172,6 +185,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
   std::string key = joins + ">" + local.substr(local.find(':') + 1);
   std::shared_ptr<Switch> sw;
   std::shared_ptr<Connection> refused;
+  bool joinable = true;
   std::vector<std::shared_ptr<Connection>> expired;
   {
     std::lock_guard<std::mutex> g(J().mu);
@@ -182,8 +196,9 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
       sw = it->second.sw.lock();
       ended = sw == nullptr;  // its TCP connection came and went: nothing to join
       // A wrong token is refused; the stream stays offered to the right one.
-      if (!ended && !TokenMatches(conn, it->second.token)) {
+      if (!ended && !MayJoin(conn, it->second)) {
         sw = nullptr;
+        joinable = it->second.joinable;
         refused = std::move(conn);
       } else {
         J().tcp.erase(it);
@@ -221,7 +236,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
     }
   }
   DropEarly(&expired);
-  RefuseWrongToken(refused);
+  Refuse(refused, joinable);
   if (sw != nullptr) AttachRdma(sw, std::move(conn));
 }
 
@@ -361,8 +376,8 @@ void OnTcpAccept(void* arg, grpc_endpoint* ep, grpc_pollset* pollset,
     if (!client.empty() && !server.empty()) {  // IPv6: RDMA CM serves IPv4 only
       std::weak_ptr<Switch> weak = sw;
       std::string key = client + ">" + server;
-      OnStreamHead(sw, [weak, key](std::string token) {
-        if (std::shared_ptr<Switch> s = weak.lock()) OfferTcp(s, key, std::move(token));
+      OnStreamHead(sw, [weak, key](StreamHead head, std::string token) {
+        if (std::shared_ptr<Switch> s = weak.lock()) OfferTcp(s, key, head, std::move(token));
       });
     }
     ep = wrapped;

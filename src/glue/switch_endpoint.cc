@@ -53,7 +53,7 @@ struct Switch : std::enable_shared_from_this<Switch> {
   // stream carries, and what to tell then.
   std::string join_frame;
   std::string head;
-  std::function<void(std::string)> on_head;
+  std::function<void(StreamHead, std::string)> on_head;
 
   // Writing.
   uint64_t tcp_written = 0;     // bytes written on TCP (a token's frame among them)
@@ -343,20 +343,19 @@ void ReadHeadLocked(Switch* s, const grpc_slice_buffer& in, Actions* a) {
   std::string token;
   StreamHead h = ReadStreamHead(s->head, &token);
   if (h == StreamHead::kNeedMore && s->head.size() < kMaxStreamHead) return;
-  std::function<void(std::string)> fn = std::move(s->on_head);
+  if (h == StreamHead::kNeedMore) h = StreamHead::kNoToken;  // not reached: the bound fits
+  std::function<void(StreamHead, std::string)> fn = std::move(s->on_head);
   s->on_head = nullptr;
   std::string().swap(s->head);
-  if (h == StreamHead::kToken) {
-    a->head_read = [fn, token] { fn(token); };
-  } else if (h == StreamHead::kNotPlaintext) {
+  if (h == StreamHead::kNotPlaintext) {
     GRPC_RDMA_TRACE("%s: the TCP stream is not plaintext HTTP/2 (TLS?): an RDMA connection "
                     "may join it by address alone",
                     s->peer.c_str());
-    a->head_read = [fn] { fn(std::string()); };
-  } else {
+  } else if (h == StreamHead::kNoToken) {
     GRPC_RDMA_TRACE("%s: the TCP stream carries no join token: no RDMA connection joins it",
                     s->peer.c_str());
   }
+  a->head_read = [fn, h, token] { fn(h, token); };
 }
 
 void OnTcpRead(void* arg, grpc_error_handle error) {
@@ -505,33 +504,16 @@ void EpRead(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, bool
   Run(s, &a);
 }
 
-// Under mu, a client's first write on TCP: the token's frame goes in after
-// the preface and its SETTINGS frame. A first write that is not those
-// (TLS's handshake) takes none; its server joins by address alone.
+// Under mu, a client's first write on TCP: the token's frame goes in (see
+// InsertJoinFrame).
 void InsertJoinFrameLocked(Switch* s, grpc_slice_buffer* slices) {
   std::string frame = std::move(s->join_frame);
   s->join_frame.clear();
-  char head[24 + 9];
-  size_t n = 0;
-  for (size_t i = 0; i < slices->count && n < sizeof(head); ++i) {
-    size_t k = std::min(GRPC_SLICE_LENGTH(slices->slices[i]), sizeof(head) - n);
-    memcpy(head + n, GRPC_SLICE_START_PTR(slices->slices[i]), k);
-    n += k;
-  }
-  size_t at = JoinFrameOffset(absl::string_view(head, n));
-  if (at == 0 || at > slices->length) {
+  if (!InsertJoinFrame(slices, frame)) {
     GRPC_RDMA_TRACE("%s: the first TCP write is not HTTP/2's preface and SETTINGS (TLS?): no "
                     "join token in the stream",
                     s->peer.c_str());
-    return;
   }
-  grpc_slice_buffer rest;
-  grpc_slice_buffer_init(&rest);
-  grpc_slice_buffer_swap(slices, &rest);
-  grpc_slice_buffer_move_first(&rest, at, slices);
-  grpc_slice_buffer_add(slices, grpc_slice_from_copied_buffer(frame.data(), frame.size()));
-  grpc_slice_buffer_move_into(&rest, slices);
-  grpc_slice_buffer_destroy(&rest);
 }
 
 void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, void* arg,
@@ -680,6 +662,26 @@ size_t JoinFrameOffset(absl::string_view head) {
   return kPreface.size() + kFrameHeader + len;
 }
 
+bool InsertJoinFrame(grpc_slice_buffer* slices, absl::string_view frame) {
+  char head[24 + 9];
+  size_t n = 0;
+  for (size_t i = 0; i < slices->count && n < sizeof(head); ++i) {
+    size_t k = std::min(GRPC_SLICE_LENGTH(slices->slices[i]), sizeof(head) - n);
+    memcpy(head + n, GRPC_SLICE_START_PTR(slices->slices[i]), k);
+    n += k;
+  }
+  size_t at = JoinFrameOffset(absl::string_view(head, n));
+  if (at == 0 || at > slices->length) return false;
+  grpc_slice_buffer rest;
+  grpc_slice_buffer_init(&rest);
+  grpc_slice_buffer_swap(slices, &rest);
+  grpc_slice_buffer_move_first(&rest, at, slices);
+  grpc_slice_buffer_add(slices, grpc_slice_from_copied_buffer(frame.data(), frame.size()));
+  grpc_slice_buffer_move_into(&rest, slices);
+  grpc_slice_buffer_destroy(&rest);
+  return true;
+}
+
 StreamHead ReadStreamHead(absl::string_view head, std::string* token) {
   size_t n = std::min(head.size(), kPreface.size());
   if (head.substr(0, n) != kPreface.substr(0, n)) return StreamHead::kNotPlaintext;
@@ -767,7 +769,8 @@ void SendJoinToken(const std::shared_ptr<Switch>& sw, std::string token) {
   sw->join_frame = JoinFrame(token);
 }
 
-void OnStreamHead(const std::shared_ptr<Switch>& sw, std::function<void(std::string)> fn) {
+void OnStreamHead(const std::shared_ptr<Switch>& sw,
+                  std::function<void(StreamHead, std::string)> fn) {
   std::lock_guard<std::mutex> g(sw->mu);
   sw->on_head = std::move(fn);
 }

@@ -52,6 +52,10 @@ std::string JoinFrame(absl::string_view token);
 // and the SETTINGS frame that follows it, if `head` (the write's first
 // bytes) holds both whole; 0 when it does not.
 size_t JoinFrameOffset(absl::string_view head);
+// Puts `frame` into a client's first write `slices` at JoinFrameOffset,
+// however the write's bytes are cut into slices; false (and `slices` as it
+// was) when the write does not hold the preface and its SETTINGS whole.
+bool InsertJoinFrame(grpc_slice_buffer* slices, absl::string_view frame);
 
 // What the first bytes a server read of a TCP stream say of its token.
 enum class StreamHead {
@@ -93,11 +97,12 @@ void SetOnDropped(const std::shared_ptr<Switch>& sw, std::function<void()> fn);
 // frame, in gRPC's first write. Set before gRPC has the endpoint.
 void SendJoinToken(const std::shared_ptr<Switch>& sw, std::string token);
 
-// A server's: `fn` runs once, when the head of the TCP stream is read: with
-// the client's token, or with "" for a stream that is not plaintext HTTP/2.
-// Never for a plaintext stream without a token. Set before gRPC has the
-// endpoint.
-void OnStreamHead(const std::shared_ptr<Switch>& sw, std::function<void(std::string)> fn);
+// A server's: `fn` runs once, when the head of the TCP stream is read, with
+// what it says (kToken, kNoToken or kNotPlaintext) and the client's token
+// ("" but for kToken). Not if the stream ends first. Set before gRPC has
+// the endpoint.
+void OnStreamHead(const std::shared_ptr<Switch>& sw,
+                  std::function<void(StreamHead, std::string)> fn);
 
 // Whether the endpoint takes no RDMA connection any more: it has one, or
 // gRPC shut it down or destroyed it, or it failed.

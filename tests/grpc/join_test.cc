@@ -6,7 +6,8 @@
 //    no later connection to sweep it;
 //  - one that names a TCP connection with a token that stream did not carry
 //    is refused at once, and the stream stays joinable with its own token;
-//  - a plaintext stream that carries no token is joined by no one.
+//  - a plaintext stream that carries no token is joined by no one: one that
+//    names it is closed at once.
 // The TCP connections are the test's own sockets, which write what a
 // TF_RDMA_TCP_FIRST client's gRPC writes first: HTTP/2's preface, a SETTINGS
 // frame and the join token's frame (src/glue/switch_endpoint.h).
@@ -179,7 +180,7 @@ TEST_F(Join, APlaintextStreamWithoutATokenIsJoinedByNoOne) {
   Outcome o = FirstBytes(*conn, std::chrono::seconds(30));
   EXPECT_TRUE(o.bytes.empty()) << "a stream without a token was joined";
   EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "held for over 30 s";
-  EXPECT_GE(o.after.count(), 3000) << "closed before its wait was over: " << o.ended;
+  EXPECT_LT(o.after.count(), 3000) << "held, not closed at once: " << o.ended;
   (*conn)->Shutdown(absl::CancelledError("test over"));
 }
 

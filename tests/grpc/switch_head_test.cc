@@ -1,9 +1,12 @@
 // The join token's frame in a TCP stream's first bytes
 // (src/glue/switch_endpoint.h): where a client puts it, and what a server
 // reads from the head of a stream, whole or a byte at a time.
+#include <grpc/slice.h>
+#include <grpc/slice_buffer.h>
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "glue/switch_endpoint.h"
 
@@ -38,6 +41,43 @@ TEST(SwitchHead, TheTokenFrameGoesAfterThePrefaceAndItsSettings) {
   // TLS's ClientHello, or a first frame that is not SETTINGS: no place.
   EXPECT_EQ(JoinFrameOffset(std::string("\x16\x03\x01\x02\x00", 5) + std::string(40, 'x')), 0u);
   EXPECT_EQ(JoinFrameOffset(kPreface + Header(0, 1, 1)), 0u);
+}
+
+// `bytes` cut into slices at `cuts`, the token's frame put in, read back.
+std::string InsertedInto(const std::string& bytes, const std::vector<size_t>& cuts, bool* put) {
+  grpc_slice_buffer b;
+  grpc_slice_buffer_init(&b);
+  size_t from = 0;
+  for (size_t to : cuts) {
+    grpc_slice_buffer_add(&b, grpc_slice_from_copied_buffer(bytes.data() + from, to - from));
+    from = to;
+  }
+  grpc_slice_buffer_add(&b, grpc_slice_from_copied_buffer(bytes.data() + from, bytes.size() - from));
+  *put = InsertJoinFrame(&b, JoinFrame(kToken));
+  std::string out(b.length, '\0');
+  grpc_slice_buffer_move_first_into_buffer(&b, b.length, &out[0]);
+  grpc_slice_buffer_destroy(&b);
+  return out;
+}
+
+TEST(SwitchHead, TheFrameGoesInWhereverTheWriteIsCut) {
+  std::string start = ClientStart();
+  std::string rest = Header(4, 8) + "abcd";
+  std::string want = start + JoinFrame(kToken) + rest;
+  const std::vector<std::vector<size_t>> cuts = {
+      {}, {1}, {24}, {30}, {33}, {start.size()}, {start.size() + 1}, {5, 24, 33, 40}};
+  for (const auto& c : cuts) {
+    bool put = false;
+    EXPECT_EQ(InsertedInto(start + rest, c, &put), want) << "cut at " << ::testing::PrintToString(c);
+    EXPECT_TRUE(put);
+  }
+  // The preface and SETTINGS not whole in the write, or TLS's bytes: as it was.
+  for (const std::string& bytes :
+       {start.substr(0, start.size() - 1), std::string("\x16\x03\x01\x00\x05hello") + start}) {
+    bool put = true;
+    EXPECT_EQ(InsertedInto(bytes, {3}, &put), bytes);
+    EXPECT_FALSE(put);
+  }
 }
 
 TEST(SwitchHead, JoinFrameIsAnHttp2FrameOfItsOwnType) {
