@@ -304,6 +304,8 @@ case "$CASE" in
     start_server "" 127.0.0.1 1 TF_RDMA_TCP_FIRST=1 && {
       for _ in $(seq 1 20); do
         call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 300 TF_RDMA_TCP_FIRST=1 || break
+        # Each round's stats replace the last's: a fallback is caught here.
+        expect "$C" fallbacks eq 0
         [ "$(stat "$C" tcp_first_moved)" -ge 1 ] 2>/dev/null && break
       done
       stop_server
