@@ -978,7 +978,7 @@ int ChildDeaf(uint16_t port) {
   ibv_cq* cq = ibv_create_cq(id->verbs, 16, nullptr, nullptr, 0);
   ibv_qp_init_attr qa = RcAttr(cq, 8);
   if (pd == nullptr || cq == nullptr || rdma_create_qp(id, pd, &qa)) return 12;
-  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0, 0, 0, 0};
+  wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0, 0, 0, 0, {}};
   rdma_conn_param p{};
   p.private_data = &h;
   p.private_data_len = sizeof(h);
@@ -1009,7 +1009,7 @@ int ChildHalfOpen(uint16_t port) {
     ibv_qp_init_attr qa = RcAttr(cq, 4);
     ibv_qp* qp = pd && cq ? ibv_create_qp(pd, &qa) : nullptr;
     if (qp == nullptr) return 12;
-    wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0, 0, 0, 0};
+    wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192, 0, 0, 0, 0, 0, 0, {}};
     rdma_conn_param p{};
     p.private_data = &h;
     p.private_data_len = sizeof(h);
@@ -1059,7 +1059,7 @@ int ChildRogue(uint16_t port) {
   const char* hello_bytes = getenv("ROGUE_HELLO_BYTES");  // 16: an older engine's
   wire::Hello h{wire::kMagic, wire::kVersion, 8, 8192,
                 static_cast<uint16_t>(standing ? atoi(standing) : 0), 0,
-                static_cast<uint32_t>(max_chunk ? atoi(max_chunk) : 0), 0, 0, 0};
+                static_cast<uint32_t>(max_chunk ? atoi(max_chunk) : 0), 0, 0, 0, {}};
   rdma_conn_param p{};
   p.private_data = &h;
   p.private_data_len = hello_bytes ? atoi(hello_bytes) : sizeof(h);
