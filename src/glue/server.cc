@@ -20,8 +20,8 @@
 #include "glue/switch_endpoint.h"
 #include "glue/trace.h"
 #include "grpc_rdma/grpc_rdma.h"
-#include "src/core/lib/event_engine/default_event_engine.h"
 #include "src/core/lib/iomgr/exec_ctx.h"
+#include "src/core/lib/iomgr/timer.h"
 
 namespace grpc_rdma {
 namespace {
@@ -71,7 +71,9 @@ struct Joins {
     std::shared_ptr<Connection> conn;
     std::chrono::steady_clock::time_point until;
   };
-  std::map<std::string, Early> rdma;
+  // Several may wait for one stream, so that one naming it with a wrong
+  // token cannot keep its own client's out.
+  std::multimap<std::string, Early> rdma;
 };
 Joins& J() {
   static auto* j = new Joins;
@@ -79,9 +81,10 @@ Joins& J() {
 }
 
 // How long an RDMA connection waits for the TCP connection it joins to be
-// accepted, and how many may wait.
+// accepted, and how many may wait: in all, and for one stream.
 constexpr auto kJoinWait = std::chrono::seconds(5);
 constexpr size_t kMaxEarly = 256;
+constexpr size_t kMaxEarlyPerStream = 4;
 
 // Under J().mu: the RDMA connections that waited too long, taken out.
 void ExpireEarlyLocked(std::vector<std::shared_ptr<Connection>>* out) {
@@ -132,17 +135,24 @@ void DropEarly(std::vector<std::shared_ptr<Connection>>* conns) {
 void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, StreamHead head,
               std::string token) {
   Joins::Tcp entry{sw, std::move(token), head != StreamHead::kNoToken, {}};
-  std::shared_ptr<Connection> early, refused;
-  std::vector<std::shared_ptr<Connection>> expired;
+  std::shared_ptr<Connection> early;
+  std::vector<std::shared_ptr<Connection>> expired, refused;
   {
     std::lock_guard<std::mutex> g(J().mu);
     ExpireEarlyLocked(&expired);
-    auto it = J().rdma.find(key);
-    if (it != J().rdma.end()) {
-      early = std::move(it->second.conn);
-      J().rdma.erase(it);
+    // Of those that came first, the one with the stream's token joins it;
+    // the others are refused (or, with its token too, closed: it is taken).
+    auto range = J().rdma.equal_range(key);
+    for (auto it = range.first; it != range.second; ++it) {
+      if (!MayJoin(it->second.conn, entry)) {
+        refused.push_back(std::move(it->second.conn));
+      } else if (early == nullptr) {
+        early = std::move(it->second.conn);
+      } else {
+        expired.push_back(std::move(it->second.conn));
+      }
     }
-    if (early != nullptr && !MayJoin(early, entry)) refused = std::move(early);
+    J().rdma.erase(range.first, range.second);
     if (early == nullptr) {
       J().tcp[key] = entry;
       if (J().tcp.size() >= J().swept_at) {
@@ -163,8 +173,54 @@ void OfferTcp(const std::shared_ptr<Switch>& sw, const std::string& key, StreamH
     }
   }
   DropEarly(&expired);
-  Refuse(refused, entry.joinable);
+  for (const auto& c : refused) Refuse(c, entry.joinable);
   if (early != nullptr) AttachRdma(sw, std::move(early));
+}
+
+// Closes the RDMA connection `waiting` for `key` after kJoinWait, if it
+// still waits then. An iomgr timer, not one of the default EventEngine's:
+// that engine lives only while something holds it, and one destroyed with
+// a timer pending (a server shut down within kJoinWait of an early RDMA
+// connection) aborts the process; iomgr runs pending timers, cancelled, at
+// gRPC's shutdown. Needs an ExecCtx.
+struct EarlyTimer {
+  grpc_timer timer;
+  grpc_closure fired;
+  std::string key;
+  std::weak_ptr<Connection> waiting;
+};
+
+void OnEarlyTimer(void* arg, grpc_error_handle /*error: fired or shut down, the same*/) {
+  std::unique_ptr<EarlyTimer> t(static_cast<EarlyTimer*>(arg));
+  std::shared_ptr<Connection> late;
+  std::shared_ptr<Connection> w = t->waiting.lock();  // let go without J().mu
+  {
+    std::lock_guard<std::mutex> g(J().mu);
+    auto range = J().rdma.equal_range(t->key);
+    for (auto it = range.first; w != nullptr && it != range.second; ++it) {
+      if (it->second.conn == w) {
+        late = std::move(it->second.conn);
+        J().rdma.erase(it);
+        break;
+      }
+    }
+  }
+  if (late != nullptr) {
+    std::vector<std::shared_ptr<Connection>> one{std::move(late)};
+    DropEarly(&one);
+  }
+}
+
+void StartEarlyTimer(const std::string& key, std::weak_ptr<Connection> waiting) {
+  auto* t = new EarlyTimer{};
+  t->key = key;
+  t->waiting = std::move(waiting);
+  GRPC_CLOSURE_INIT(&t->fired, OnEarlyTimer, t, nullptr);
+  grpc_timer_init(&t->timer,
+                  grpc_core::Timestamp::Now() +
+                      grpc_core::Duration::Milliseconds(
+                          std::chrono::duration_cast<std::chrono::milliseconds>(kJoinWait).count()),
+                  &t->fired);
 }
 
 // An accepted RDMA connection that joins a TCP connection (conn->joins()).
@@ -209,29 +265,15 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
     } else if (ended) {
       expired.push_back(std::move(conn));
     } else if (sw == nullptr) {
-      if (J().rdma.size() >= kMaxEarly || J().rdma.count(key) != 0) {
+      if (J().rdma.size() >= kMaxEarly || J().rdma.count(key) >= kMaxEarlyPerStream) {
         expired.push_back(std::move(conn));
       } else {
         std::weak_ptr<Connection> waiting = conn;
-        J().rdma[key] = {std::move(conn), std::chrono::steady_clock::now() + kJoinWait};
+        J().rdma.emplace(key, Joins::Early{std::move(conn),
+                                           std::chrono::steady_clock::now() + kJoinWait});
         // Closed after kJoinWait even if nothing else comes to sweep it:
         // its client waits on it (for our header) until then.
-        grpc_event_engine::experimental::GetDefaultEventEngine()->RunAfter(
-            kJoinWait, [key, waiting] {
-              std::shared_ptr<Connection> late;
-              {
-                std::lock_guard<std::mutex> g(J().mu);
-                auto it = J().rdma.find(key);
-                if (it != J().rdma.end() && it->second.conn == waiting.lock()) {
-                  late = std::move(it->second.conn);
-                  J().rdma.erase(it);
-                }
-              }
-              if (late != nullptr) {
-                std::vector<std::shared_ptr<Connection>> one{std::move(late)};
-                DropEarly(&one);
-              }
-            });
+        StartEarlyTimer(key, waiting);
       }
     }
   }

@@ -5,7 +5,8 @@
 //    kJoinWait (5 s, src/glue/server.cc) and closed then, by a timer, with
 //    no later connection to sweep it;
 //  - one that names a TCP connection with a token that stream did not carry
-//    is refused at once, and the stream stays joinable with its own token;
+//    is refused at once, and the stream stays joinable with its own token,
+//    also when both came before the stream;
 //  - a plaintext stream that carries no token is joined by no one: one that
 //    names it is closed at once.
 // The TCP connections are the test's own sockets, which write what a
@@ -66,18 +67,29 @@ class Join : public ::testing::Test {
     return connected.get_future().get();
   }
 
-  // A TCP connection of the test's own to the server, which writes `bytes`;
-  // its end, as the server sees its peer.
-  sockaddr_in TcpWriting(const std::string& bytes) {
+  // A TCP socket of the test's own, bound on loopback (not yet connected):
+  // its descriptor, and its end as the server will see its peer.
+  int BoundSocket(sockaddr_in* me) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     EXPECT_GE(fd, 0);
     fds_.push_back(fd);
+    sockaddr_in any = grpc_rdma::testing::Loopback(0);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)), 0) << strerror(errno);
+    socklen_t len = sizeof(*me);
+    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(me), &len), 0);
+    return fd;
+  }
+  // Connects `fd` to the server and writes `bytes` on it.
+  void ConnectAndWrite(int fd, const std::string& bytes) {
     sockaddr_in to = grpc_rdma::testing::Loopback(static_cast<uint16_t>(port_));
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << strerror(errno);
     EXPECT_EQ(write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  // A TCP connection of the test's own to the server, which writes `bytes`;
+  // its end, as the server sees its peer.
+  sockaddr_in TcpWriting(const std::string& bytes) {
     sockaddr_in me{};
-    socklen_t len = sizeof(me);
-    EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len), 0);
+    ConnectAndWrite(BoundSocket(&me), bytes);
     return me;
   }
 
@@ -169,6 +181,28 @@ TEST_F(Join, AWrongTokenIsRefusedAtOnceAndTheRightOneJoins) {
   o = FirstBytes(*right, std::chrono::seconds(30));
   ASSERT_TRUE(o.ended.ok()) << "the right token did not join: " << o.ended;
   EXPECT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
+  (*right)->Shutdown(absl::CancelledError("test over"));
+}
+
+TEST_F(Join, AWrongTokenThatCameFirstKeepsNoOneOut) {
+  // Both RDMA connections wait for the stream they name: it has not come.
+  const std::string token = "0123456789abcdef";
+  sockaddr_in tcp{};
+  int fd = BoundSocket(&tcp);
+  auto wrong = ConnectJoining(tcp, "fedcba9876543210");
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  auto right = ConnectJoining(tcp, token);
+  ASSERT_TRUE(right.ok()) << right.status();
+  ConnectAndWrite(fd, PrefaceAndSettings() + TokenFrame(token));
+
+  Outcome o = FirstBytes(*right, std::chrono::seconds(30));
+  ASSERT_TRUE(o.ended.ok()) << "the right token, second to come, did not join: " << o.ended;
+  EXPECT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
+  o = FirstBytes(*wrong, std::chrono::seconds(30));
+  EXPECT_TRUE(o.bytes.empty()) << "the server joined an RDMA connection with a wrong token";
+  EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "the wrong token was not refused";
+  EXPECT_LT(o.after.count(), 3000) << "the wrong token was held, not refused with the stream's head";
+  (*wrong)->Shutdown(absl::CancelledError("test over"));
   (*right)->Shutdown(absl::CancelledError("test over"));
 }
 
