@@ -99,9 +99,18 @@ void ExpireEarlyLocked(std::vector<std::shared_ptr<Connection>>* out) {
   }
 }
 
+// Whether two tokens are the same, in a time that does not depend on where
+// they differ.
+bool SameToken(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
 // Whether `conn` may join the TCP stream `tcp` (its token, if it has one).
 bool MayJoin(const std::shared_ptr<Connection>& conn, const Joins::Tcp& tcp) {
-  return tcp.joinable && (tcp.token.empty() || conn->join_token() == tcp.token);
+  return tcp.joinable && (tcp.token.empty() || SameToken(conn->join_token(), tcp.token));
 }
 
 // Without J().mu: an RDMA connection that may not join the stream it names.
