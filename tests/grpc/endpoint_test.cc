@@ -93,8 +93,9 @@ grpc_endpoint_test_fixture CreateFixture(size_t /*slice_size*/) {
 }
 
 // TCP-first pairs: a TCP endpoint pair (a socketpair, gRPC's TCP
-// endpoints) under switch endpoints, joined by an RDMA pair at once, after
-// a random 0-5 ms while the suite's stream runs, or never.
+// endpoints) under switch endpoints, joined by an RDMA pair at once, while
+// the suite's stream runs (once bytes went on TCP, plus a random 0-2 ms),
+// or never.
 enum class Join { kAtOnce, kMidStream, kNever };
 Join g_join = Join::kAtOnce;
 std::vector<std::thread> g_joiners;
@@ -139,24 +140,35 @@ bool CheckMoves(Join j, const char* name) {
   return ok;
 }
 
+using ConnPair =
+    std::pair<std::shared_ptr<grpc_rdma::Connection>, std::shared_ptr<grpc_rdma::Connection>>;
+
 void AttachBoth(std::shared_ptr<grpc_rdma::Switch> client,
-                std::shared_ptr<grpc_rdma::Switch> server) {
-  auto [c, s] = RdmaPair();
+                std::shared_ptr<grpc_rdma::Switch> server, ConnPair pair) {
   grpc_core::ApplicationCallbackExecCtx callback_exec_ctx;
   grpc_core::ExecCtx exec_ctx;
-  grpc_rdma::AttachRdma(server, std::move(s));
-  grpc_rdma::AttachRdma(client, std::move(c));
+  grpc_rdma::AttachRdma(server, std::move(pair.second));
+  grpc_rdma::AttachRdma(client, std::move(pair.first));
 }
 
 grpc_endpoint_test_fixture CreateSwitchFixture(size_t /*slice_size*/) {
   SwitchPair p = CreateSwitchPair();
   if (g_join == Join::kAtOnce) {
-    AttachBoth(p.client, p.server);
+    AttachBoth(p.client, p.server, RdmaPair());
   } else if (g_join == Join::kMidStream) {
-    int us = std::uniform_int_distribution<int>(0, 5000)(g_rng);
-    g_joiners.emplace_back([client = p.client, server = p.server, us] {
+    // The RDMA pair is made here, before the stream starts, so that the
+    // join itself is quick: made in the joiner, on a loaded machine, it
+    // once came after every stream had ended, and nothing moved.
+    int us = std::uniform_int_distribution<int>(0, 2000)(g_rng);
+    g_joiners.emplace_back([client = p.client, server = p.server, us, pair = RdmaPair()] {
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (grpc_rdma::ProgressOf(client).tcp_written == 0 &&
+             grpc_rdma::ProgressOf(server).tcp_written == 0 &&
+             std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(us));
-      AttachBoth(client, server);
+      AttachBoth(client, server, pair);
     });
   }
   return p.f;
@@ -388,10 +400,11 @@ bool StreamsAcrossTheMove() {
       GRPC_CLOSURE_INIT(&f.on_write, OnFlowWrite, &f, grpc_schedule_on_exec_ctx);
       GRPC_CLOSURE_INIT(&f.on_read, OnFlowRead, &f, grpc_schedule_on_exec_ctx);
     }
+    // The RDMA pair is made first, so that the join lands when the delay says.
     int us = std::uniform_int_distribution<int>(500, 20000)(g_rng);
-    std::thread joiner([client = p.client, server = p.server, us] {
+    std::thread joiner([client = p.client, server = p.server, us, pair = RdmaPair()] {
       std::this_thread::sleep_for(std::chrono::microseconds(us));
-      AttachBoth(client, server);
+      AttachBoth(client, server, pair);
     });
     {
       grpc_core::ExecCtx exec_ctx;
