@@ -248,7 +248,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
   }
   std::string local = conn->local();  // "rdma:ip:port"
   std::string key = joins + ">" + local.substr(local.find(':') + 1);
-  std::shared_ptr<Switch> sw;
+  std::shared_ptr<Switch> sw, not_joined;  // not_joined: let go without J().mu
   std::shared_ptr<Connection> refused;
   bool joinable = true;
   std::vector<std::shared_ptr<Connection>> expired;
@@ -262,7 +262,7 @@ void JoinTcp(std::shared_ptr<Connection> conn) {
       ended = sw == nullptr;  // its TCP connection came and went: nothing to join
       // A wrong token is refused; the stream stays offered to the right one.
       if (!ended && !MayJoin(conn, it->second)) {
-        sw = nullptr;
+        not_joined = std::move(sw);
         joinable = it->second.joinable;
         refused = std::move(conn);
       } else {

@@ -663,7 +663,7 @@ size_t JoinFrameOffset(absl::string_view head) {
 }
 
 bool InsertJoinFrame(grpc_slice_buffer* slices, absl::string_view frame) {
-  char head[24 + 9];
+  char head[kPreface.size() + kFrameHeader];
   size_t n = 0;
   for (size_t i = 0; i < slices->count && n < sizeof(head); ++i) {
     size_t k = std::min(GRPC_SLICE_LENGTH(slices->slices[i]), sizeof(head) - n);

@@ -11,7 +11,8 @@
 // header: "my TCP stream ends at byte N" (kSwitchMagic, then N,
 // little-endian), and every later write goes by RDMA. A reader reads TCP
 // until it has N bytes from it, then reads RDMA. The TCP stream stays
-// plain HTTP/2, so a peer without the plugin sees an ordinary connection.
+// HTTP/2 (the join token's frame below is one every receiver skips), so a
+// peer without the plugin sees an ordinary connection.
 // An RDMA connection that fails, or brings no header, before this side's
 // writes moved leaves the endpoint on TCP; after, the endpoint fails as any
 // endpoint whose connection broke. The TCP connection stays open, idle,

@@ -22,6 +22,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "echo_service.h"
 #include "engine/engine.h"
@@ -121,8 +122,9 @@ struct Outcome {
   absl::Status ended;
   std::chrono::milliseconds after{0};
 };
-Outcome FirstBytes(const ConnPtr& conn, std::chrono::seconds wait) {
-  auto started = SteadyClock::now();
+// `after` counts from `started`: by default, from this call.
+Outcome FirstBytes(const ConnPtr& conn, std::chrono::seconds wait,
+                   SteadyClock::time_point started = SteadyClock::now()) {
   auto p = std::make_shared<std::promise<absl::StatusOr<std::string>>>();
   conn->Read([p](absl::StatusOr<grpc_rdma::RecvChunks> r) {
     if (!r.ok()) return p->set_value(r.status());
@@ -149,12 +151,15 @@ Outcome FirstBytes(const ConnPtr& conn, std::chrono::seconds wait) {
 }
 
 TEST_F(Join, AnRdmaConnectionNoTcpConnectionMeetsIsClosedAfterItsWait) {
-  // Names the TCP connection from 127.0.0.1:1, which never comes.
+  // Names the TCP connection from 127.0.0.1:1, which never comes. Timed
+  // from before the connect: the server's wait starts at its accept, which
+  // may come before the client hears of it.
+  SteadyClock::time_point started = SteadyClock::now();
   auto conn = ConnectJoining(grpc_rdma::testing::Loopback(1), std::string(16, 'x'));
   ASSERT_TRUE(conn.ok()) << "the server did not accept the RDMA connection: " << conn.status();
   // Nothing comes on it (the server writes its header only once it joined),
   // until it is closed.
-  Outcome o = FirstBytes(*conn, std::chrono::seconds(30));
+  Outcome o = FirstBytes(*conn, std::chrono::seconds(30), started);
   ASSERT_TRUE(o.bytes.empty()) << "bytes came on an unjoined connection";
   ASSERT_FALSE(absl::IsDeadlineExceeded(o.ended))
       << "the server held the unjoined RDMA connection for over 30 s";
@@ -193,6 +198,9 @@ TEST_F(Join, AWrongTokenThatCameFirstKeepsNoOneOut) {
   ASSERT_TRUE(wrong.ok()) << wrong.status();
   auto right = ConnectJoining(tcp, token);
   ASSERT_TRUE(right.ok()) << right.status();
+  // The server takes them in on its own RDMA CM events, which may come
+  // after the client's: let it, so that they wait before the stream comes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ConnectAndWrite(fd, PrefaceAndSettings() + TokenFrame(token));
 
   Outcome o = FirstBytes(*right, std::chrono::seconds(30));
