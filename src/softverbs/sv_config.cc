@@ -176,11 +176,12 @@ ConfigResult Load() {
   long spin = c.spin_us, ring_kb = static_cast<long>(c.ring_bytes >> 10), shm = 1,
        delay = 0, drop = 0, fail = 0, qp_wr = c.max_qp_wr, cqe = c.max_cqe,
        sge = c.max_sge, inl = c.max_inline, trace = 0, resolve = c.resolve_us, direct = 1,
-       acc_db = 1, removal = 0, addr_change = 0, device_return = 0, odp = 1;
+       acc_db = 1, removal = 0, addr_change = 0, device_return = 0, odp = 1, one_copy = 1;
   bool ok = ParseLong("SOFTVERBS_SPIN_US", 0, 1000000, &spin, &e) &&
             ParseLong("SOFTVERBS_RING_KB", 4, 1 << 20, &ring_kb, &e) &&
             ParseLong("SOFTVERBS_SHM", 0, 1, &shm, &e) &&
             ParseLong("SOFTVERBS_ODP", 0, 1, &odp, &e) &&
+            ParseLong("SOFTVERBS_ONE_COPY", 0, 1, &one_copy, &e) &&
             ParseLong("SOFTVERBS_DIRECT_WAKE", 0, 1, &direct, &e) &&
             ParseLong("SOFTVERBS_ACCEPTOR_DOORBELL", 0, 1, &acc_db, &e) &&
             ParseLong("SOFTVERBS_DELAY_US", 0, 10000000, &delay, &e) &&
@@ -209,6 +210,7 @@ ConfigResult Load() {
   c.ring_bytes = static_cast<size_t>(ring_kb) << 10;
   c.use_shm = shm != 0;
   c.odp = odp != 0;
+  c.one_copy = one_copy != 0;
   c.direct_wake = direct != 0;
   c.acceptor_doorbell = acc_db != 0;
   c.delay_us = static_cast<int>(delay);
@@ -292,7 +294,8 @@ struct Counter {
 Counter g_tx[kMaxStatDevices][kStatNumOps];
 Counter g_rx[kMaxStatDevices][kStatNumOps];
 const char* kOpNames[kStatNumOps] = {"SEND", "SEND_WITH_IMM", "RDMA_WRITE",
-                                     "RDMA_WRITE_WITH_IMM", "RDMA_READ", "RECV"};
+                                     "RDMA_WRITE_WITH_IMM", "RDMA_READ", "RECV",
+                                     "RDMA_WRITE_ONE_COPY"};
 
 void DumpStats() {
   const Config& c = GetConfig();
@@ -418,6 +421,7 @@ std::atomic<uint64_t>* DeviceTotal() {
 }  // namespace
 
 void MarkAgentThread() { tls_agent = true; }
+bool OnAgentThread() { return tls_agent; }
 
 DeviceWork::DeviceWork() {
   if (tls_agent || tls_device_depth++ > 0) return;

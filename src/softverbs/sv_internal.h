@@ -32,6 +32,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <tuple>
 #include <shared_mutex>
 #include <unordered_map>
 #include <memory>
@@ -59,6 +60,7 @@ struct Config {
   size_t ring_bytes = 1 << 20;   // shared-memory ring per direction per QP
   bool use_shm = true;           // same host and netns: shared memory wire
   bool odp = true;               // on-demand paging MRs (IBV_ACCESS_ON_DEMAND), implicit too
+  bool one_copy = true;          // WRITEs into shared-file MRs placed directly (sv_onecopy.cc)
   bool direct_wake = true;       // doorbells wake a channel's waiter (CompChannel)
   bool acceptor_doorbell = true;  // fault: false = acceptors open no doorbell socket
   int delay_us = 0;              // fault: hold every inbound frame this long
@@ -87,7 +89,7 @@ uint64_t NowUs();
 // ------------------------------------- sv_config.cc: traffic counters ---
 
 enum StatOp { kStatSend, kStatSendImm, kStatWrite, kStatWriteImm, kStatRead,
-              kStatRecv, kStatNumOps };
+              kStatRecv, kStatWriteOneCopy, kStatNumOps };
 void CountTx(int dev_index, StatOp op, uint64_t bytes);
 void CountRx(int dev_index, StatOp op, uint64_t bytes);
 void InstallStatsDump();
@@ -113,6 +115,7 @@ class DeviceWork {
   uint64_t start_ns_ = 0;  // 0: not counting
 };
 void MarkAgentThread();
+bool OnAgentThread();
 
 // --------------------------------------------------------------- objects ---
 
@@ -144,6 +147,14 @@ struct Mr {
   // as work requests use them. Implicit: the whole address space.
   bool odp = false;
   bool implicit = false;
+  // One copy (sv_onecopy.cc): the MR's pages are a shared mapping of a
+  // file (memfd, /dev/shm), which a peer on this host may map to place its
+  // WRITEs directly. share_len == 0: not such memory.
+  uint64_t share_dev = 0, share_ino = 0;
+  uint64_t share_off = 0;   // file offset of share_base
+  uint64_t share_base = 0;  // page-aligned start of the MR's pages
+  uint64_t share_len = 0;   // bytes of whole pages from share_base
+  int share_fd = -1;        // the runtime's descriptor of the file (shared per file)
 };
 
 struct Cq;
@@ -222,8 +233,16 @@ enum FrameType : uint8_t {
   kFrameAck = 5,
   kFrameNak = 6,
   kFrameDisconnect = 7,
+  // One copy (sv_onecopy.cc), shared-memory wires only: the responder
+  // tells its peer that it may place WRITEs into an MR directly (a
+  // ShareBody follows), and that it may no longer (no payload).
+  kFrameShare = 8,
+  kFrameUnshare = 9,
 };
-enum FrameFlags : uint8_t { kFlagImm = 1, kFlagSolicited = 2 };
+// kFlagPlaced: a WRITE whose bytes the requester already placed in the
+// shared MR; no payload follows, `aux` is its length and `pad` the share's
+// generation.
+enum FrameFlags : uint8_t { kFlagImm = 1, kFlagSolicited = 2, kFlagPlaced = 4 };
 
 struct FrameHdr {
   uint8_t type;
@@ -303,6 +322,7 @@ struct Link {
   bool rx_dead = false;           // after a fatal NAK, drop what follows
   RecvWr in_recv;                 // receive consumed by the frame in progress
   bool in_has_recv = false;
+  char in_share[64];              // a kFrameShare's body (kShareBodySize)
   uint64_t ack_seq = 0;           // cumulative ACK not yet queued
   bool ack_pending = false;
   // handshake / control
@@ -318,6 +338,34 @@ struct Link {
   // Cleared by the CQ's event (the agent watches again; the doorbell stays
   // in the channel's set), set again by the next arm.
   bool agent_masked = false;
+  // One copy (sv_onecopy.cc). As responder: the MRs shared with the peer,
+  // rkey -> the share's generation. As requester: the peer's MRs we may
+  // place into, the files and mappings they live in (kept for the link's
+  // life: a grant opened again maps nothing anew), and the ring position
+  // after the last WRITE sent through the ring (a WRITE is placed only once
+  // the peer has copied that one out, so WRITEs land in order).
+  struct RemoteMr {
+    uint64_t addr = 0, length = 0;  // the MR, in the peer's addresses
+    char* local = nullptr;          // where addr is mapped here
+    uint32_t gen = 0;
+    int slot = 0;  // LinkPeerSlot
+  };
+  struct Shared {
+    uint32_t gen = 0;
+    int slot = 0;  // LinkOwnSlot
+  };
+  struct Mapping {
+    void* at = nullptr;
+    size_t length = 0;
+  };
+  std::unordered_map<uint32_t, Shared> shared_out;
+  uint32_t share_gen = 0;
+  uint64_t slots_used = 0;  // LinkOwnSlot's, a bit each
+  std::unordered_map<uint32_t, RemoteMr> remote_mrs;
+  std::map<std::pair<uint64_t, uint64_t>, int> peer_files;  // (dev, ino) -> fd
+  std::map<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>, Mapping> peer_maps;
+  uint64_t ring_write_end = 0;
+  bool place_asked = false;  // the agent was woken to place the front WRITE
 };
 
 // A work request built with the extended post API (ibv_wr_*), between
@@ -534,6 +582,47 @@ bool LinkPump(Link* l);
 bool LinkReceive(Link* l);
 void LinkKill(Link* l);
 void LinkDoorbell(Link* l);
+uint64_t LinkTxHead(Link* l);  // shared-memory wire: bytes ever written
+uint64_t LinkTxTail(Link* l);  // ... and ever copied out by the peer
+// One copy's rights, in the wire's segment (sv_onecopy.cc): per shared MR,
+// the word its owner sets while the peer may place into it, and the word
+// the peer sets while it does. kShareSlots per direction.
+struct ShareSlot {
+  std::atomic<uint64_t> open;
+  std::atomic<uint64_t> busy;
+};
+constexpr int kShareSlots = 64;
+ShareSlot* LinkOwnSlot(Link* l, int i);   // for an MR of ours
+ShareSlot* LinkPeerSlot(Link* l, int i);  // for one of the peer's
+
+// --------------------------------------- sv_onecopy.cc: one-copy WRITEs ---
+
+// An MR's pages as a shared file mapping, found at registration (Mr::share_*
+// set, the file's descriptor taken); false, nothing set, for other memory.
+// Caller holds Rt().mu.
+bool MrFindShareLocked(Mr* mr);
+void MrDropShareLocked(Mr* mr);  // at deregistration or a new translation
+// Shares or unshares `mr` on every link it now should or should not be:
+// after registration, a change of rights or translation, deregistration
+// (gone = true).
+void MrSyncSharesLocked(Mr* mr, bool gone = false);
+// The same for every MR on one link: when it comes up, when its QP's
+// rights change.
+void LinkSyncSharesLocked(Link* l);
+// PumpShm, before a frame's first byte: a WRITE the peer shared the target
+// of is copied there now and becomes a placed frame (kPlaced), or goes
+// through the ring (kRing), or, a large one met on an application's
+// thread, waits for the agent to place it (kLater: the agent is woken; the
+// frame and those after it stay queued).
+enum class Placement { kRing, kPlaced, kLater };
+Placement LinkPlaceWrite(Link* l, OutFrame* f);
+void LinkFramePumped(Link* l, const OutFrame& f);  // a frame went whole
+// kFrameShare / kFrameUnshare received (body: the share's payload).
+void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n);
+void LinkForgetShares(Link* l);  // the link is dead: unmap, close
+// A placed WRITE names a share this link made, of this generation.
+bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen);
+constexpr size_t kShareBodySize = 64;
 // A shared-memory segment made ready for a link that is to initiate:
 // named in /dev/shm, its pages reserved, mapped, its rings empty. Made
 // without any lock (reserving 2 MiB takes about 0.4 ms), so ahead of time

@@ -47,6 +47,9 @@ struct ShmSeg {
   uint64_t nonce;
   uint64_t ring_bytes;
   ShmRing ring[2];  // [0]: initiator -> acceptor, [1]: the reverse
+  // One copy's rights (sv_onecopy.cc): [0] for the initiator's MRs, [1]
+  // for the acceptor's. Zero (closed) as the segment is made.
+  ShareSlot slots[2][kShareSlots];
 };
 static_assert(sizeof(ShmSeg) <= kShmHeader, "header page");
 
@@ -375,6 +378,25 @@ void LinkDoorbell(Link* l) {
   (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+// The side that made the segment sends on ring[0] and owns slots[0].
+ShareSlot* LinkOwnSlot(Link* l, int i) {
+  auto* seg = static_cast<ShmSeg*>(l->shm);
+  return &seg->slots[l->tx == &seg->ring[0] ? 0 : 1][i];
+}
+
+ShareSlot* LinkPeerSlot(Link* l, int i) {
+  auto* seg = static_cast<ShmSeg*>(l->shm);
+  return &seg->slots[l->tx == &seg->ring[0] ? 1 : 0][i];
+}
+
+uint64_t LinkTxHead(Link* l) {
+  return l->tx != nullptr ? l->tx->head.load(std::memory_order_relaxed) : 0;
+}
+
+uint64_t LinkTxTail(Link* l) {
+  return l->tx != nullptr ? l->tx->tail.load(std::memory_order_acquire) : 0;
+}
+
 void LinkSetLazyAcks(Link* l, bool lazy) {
   if (l != nullptr && l->rx != nullptr && l->state == LinkState::kUp)
     l->rx->lazy_acks.store(lazy ? 1 : 0, std::memory_order_seq_cst);
@@ -451,18 +473,24 @@ size_t PumpShm(Link* l, bool* urgent) {
   EarlyBell bell;  // once per pump: the consumer, once awake, takes all
   while (!l->out.empty()) {
     OutFrame& f = l->out.front();
+    if (f.sent == 0 && LinkPlaceWrite(l, &f) == Placement::kLater) break;
+    // Acknowledgements and shares wake nobody: whoever looks at the ring
+    // next takes them.
+    const bool quiet =
+        f.hdr.type == kFrameAck || f.hdr.type == kFrameShare || f.hdr.type == kFrameUnshare;
     iovec v[32];
     size_t n = FramePieces(f, v, 32);
     bool full = false;
     for (size_t i = 0; i < n && !full; ++i) {
-      bell.frame_left = f.hdr.type != kFrameAck ? f.total() - f.sent : 0;
+      bell.frame_left = !quiet ? f.total() - f.sent : 0;
       size_t w = RingWrite(l, static_cast<char*>(v[i].iov_base), v[i].iov_len, &bell);
       f.sent += w;
       total += w;
-      if (w > 0 && f.hdr.type != kFrameAck) *urgent = true;
+      if (w > 0 && !quiet) *urgent = true;
       if (w < v[i].iov_len) full = true;
     }
     if (f.sent == f.total()) {
+      LinkFramePumped(l, f);
       l->out.pop_front();
       continue;
     }
@@ -630,6 +658,7 @@ void LinkKill(Link* l) {
     l->tx = l->rx = nullptr;
   }
   l->out.clear();
+  LinkForgetShares(l);
   (void)was_up;
   if (l->qp != nullptr) QpLinkDeadLocked(l->qp, true);
   if (l->cm != nullptr) CmLinkDead(l);

@@ -55,6 +55,11 @@ void CompleteSend(Qp* qp, const SendWr& wr, ibv_wc_status status, bool force) {
   PushCqe(qp->scq, wc, false);
 }
 
+// The bytes a frame moves: its payload, or a placed WRITE's length.
+uint64_t FrameBytes(const FrameHdr& h) {
+  return h.type == kFrameWrite && (h.flags & kFlagPlaced) ? h.aux : h.len;
+}
+
 void CompleteRecv(Qp* qp, const RecvWr& wr, ibv_wc_status status, const FrameHdr* h) {
   ibv_wc wc{};
   wc.wr_id = wr.wr_id;
@@ -65,7 +70,7 @@ void CompleteRecv(Qp* qp, const RecvWr& wr, ibv_wc_status status, const FrameHdr
   wc.slid = qp->ah.dlid;
   bool solicited = false;
   if (h != nullptr && status == IBV_WC_SUCCESS) {
-    wc.byte_len = static_cast<uint32_t>(h->len);
+    wc.byte_len = static_cast<uint32_t>(FrameBytes(*h));
     if (h->type == kFrameWrite) wc.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
     if (h->flags & kFlagImm) {
       wc.wc_flags |= IBV_WC_WITH_IMM;
@@ -384,12 +389,21 @@ bool QpHandleFrameBegin(Link* l) {
       return true;
     }
     case kFrameWrite: {
-      char* dst = h.len == 0 ? nullptr
-                             : CheckRemote(qp, h.rkey, h.addr, h.len, IBV_ACCESS_REMOTE_WRITE);
-      if (h.len != 0 && dst == nullptr) {
-        Trace("qpn 0x%x: remote write refused rkey=0x%x addr=0x%llx len=%llu", qp->qp.qp_num,
+      // A placed WRITE's bytes are in our memory already (sv_onecopy.cc):
+      // it is checked as any WRITE, and must name a share of ours.
+      const bool placed = (h.flags & kFlagPlaced) != 0;
+      if (placed && h.len != 0) {
+        ProtocolError(l, "placed write with payload");
+        return true;
+      }
+      const uint64_t bytes = FrameBytes(h);
+      char* dst = bytes == 0 ? nullptr
+                             : CheckRemote(qp, h.rkey, h.addr, bytes, IBV_ACCESS_REMOTE_WRITE);
+      if (placed && dst != nullptr && !LinkSharedWith(l, h.rkey, h.pad)) dst = nullptr;
+      if (bytes != 0 && dst == nullptr) {
+        Trace("qpn 0x%x: remote write refused rkey=0x%x addr=0x%llx len=%llu%s", qp->qp.qp_num,
               h.rkey, static_cast<unsigned long long>(h.addr),
-              static_cast<unsigned long long>(h.len));
+              static_cast<unsigned long long>(bytes), placed ? " (placed)" : "");
         // The event first: it is queued before the flush or the NAK can
         // make anyone look for it.
         RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);
@@ -407,9 +421,19 @@ bool QpHandleFrameBegin(Link* l) {
           return true;
         }
       }
-      if (dst != nullptr) l->in_target.push_back({dst, h.len});
+      if (dst != nullptr && !placed) l->in_target.push_back({dst, h.len});
       return true;
     }
+    case kFrameShare:
+      if (h.len != kShareBodySize) {
+        ProtocolError(l, "share frame of the wrong size");
+        return true;
+      }
+      l->in_target.push_back({l->in_share, kShareBodySize});
+      return true;
+    case kFrameUnshare:
+      if (h.len != 0) ProtocolError(l, "unshare frame with payload");
+      return true;
     case kFrameReadReq: {
       if (h.len != 0) {
         ProtocolError(l, "read request with payload");
@@ -487,13 +511,18 @@ void QpHandleFrameEnd(Link* l) {
       }
       CountRx(qp->device->index,
               h.type == kFrameSend ? kStatRecv : (h.flags & kFlagImm ? kStatWriteImm : kStatWrite),
-              h.len);
+              FrameBytes(h));
       // Acknowledged when this receive pass ends (QpRxPassDone): a burst
       // gets one cumulative ACK.
       l->ack_seq = h.seq;
       l->ack_pending = true;
       return;
     case kFrameReadReq:
+      return;
+    case kFrameShare:
+    case kFrameUnshare:
+      if (h.type == kFrameUnshare || !l->in_discard)
+        LinkHandleShare(l, h, l->in_share, h.type == kFrameShare ? kShareBodySize : 0);
       return;
     case kFrameReadResp:
       if (!l->in_discard && !qp->sq.empty() && qp->sq.front().seq == h.seq &&
@@ -593,6 +622,7 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
 
 void QpLinkUpLocked(Qp* qp) {
   qp->link_deadline_us = 0;
+  if (qp->link != nullptr) LinkSyncSharesLocked(qp->link);
   QueueFramesLocked(qp);
   if (qp->link != nullptr) Rt().ProgressLinkLocked(qp->link);
 }
@@ -925,7 +955,10 @@ int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask) {
   in_addr peer{};
   if ((mask & IBV_QP_AV) && !qp->cm_managed && !PeerAddrFromAh(qp->device, attr->ah_attr, &peer))
     return EINVAL;
-  if (mask & IBV_QP_ACCESS_FLAGS) qp->access = attr->qp_access_flags;
+  if (mask & IBV_QP_ACCESS_FLAGS) {
+    qp->access = attr->qp_access_flags;
+    if (qp->link != nullptr && qp->link->state == LinkState::kUp) LinkSyncSharesLocked(qp->link);
+  }
   if (mask & IBV_QP_PKEY_INDEX) qp->pkey_index = attr->pkey_index;
   if (mask & IBV_QP_PATH_MTU) qp->path_mtu = attr->path_mtu;
   if (mask & IBV_QP_TIMEOUT) qp->timeout = attr->timeout;

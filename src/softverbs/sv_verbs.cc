@@ -479,6 +479,7 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova,
   Mr* mr = NewMrLocked(pd, addr, length, access);
   mr->pinned = pinned;
   Rt().pinned_bytes += pinned;
+  if (MrFindShareLocked(mr)) MrSyncSharesLocked(mr);
   return &mr->mr;
 }
 
@@ -552,16 +553,27 @@ int ibv_rereg_mr(ibv_mr* ibmr, int flags, ibv_pd* pd, void* addr, size_t length,
     }
     Rt().pinned_bytes += pinned;
     mr->pinned = pinned;
+    // Peers placing WRITEs into the old pages stop before any WRITE
+    // posted from now on (sv_onecopy.cc).
+    MrSyncSharesLocked(mr, /*gone=*/true);
+    MrDropShareLocked(mr);
     mr->mr.addr = addr;
     mr->mr.length = length;
+    MrFindShareLocked(mr);
   }
   if (flags & IBV_REREG_MR_CHANGE_ACCESS) mr->access = access;
-  if (flags & IBV_REREG_MR_CHANGE_PD) mr->mr.pd = pd;
+  if (flags & IBV_REREG_MR_CHANGE_PD) {
+    MrSyncSharesLocked(mr, /*gone=*/true);
+    mr->mr.pd = pd;
+  }
+  MrSyncSharesLocked(mr);
   return 0;
 }
 
 int ibv_dereg_mr(ibv_mr* ibmr) {
   std::lock_guard<std::mutex> g(Rt().mu);
+  MrSyncSharesLocked(ToMr(ibmr), /*gone=*/true);
+  MrDropShareLocked(ToMr(ibmr));
   Rt().mrs.erase(ibmr->lkey);
   if (ToMr(ibmr)->odp) {
     std::unique_lock<std::shared_mutex> w(Rt().odp_mu);

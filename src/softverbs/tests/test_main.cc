@@ -18,6 +18,8 @@ int ScenarioListDevices();
 int ScenarioMemlock();
 int ScenarioOdpOff();
 int ScenarioDeviceCpu();
+int ScenarioOneCopy(const char* mode);
+int ScenarioOneCopyDereg();
 
 #if defined(__SANITIZE_ADDRESS__)
 // ChannelTest.BlockedWaiterCanBeCancelled ends a thread with pthread_cancel;
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
     if (s == "memlock") return ScenarioMemlock();
     if (s == "odp-off") return ScenarioOdpOff();
     if (s == "device-cpu") return ScenarioDeviceCpu();
+    if (s == "one-copy" && argc >= 4)
+      return strcmp(argv[3], "dereg") == 0 ? ScenarioOneCopyDereg() : ScenarioOneCopy(argv[3]);
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 100;
   }

@@ -1,0 +1,483 @@
+// One-copy WRITEs on shared-memory wires.
+//
+// An HCA moves a WRITE's bytes once, by DMA, from the requester's memory to
+// the responder's. Through the rings softverbs copies them twice (into the
+// ring, out of it). Where the responder's MR is a shared mapping of a memfd
+// sealed against shrinking (as grpc-rdma's buffer pool is), the responder
+// tells its peer so in-band (kFrameShare: the file, by its descriptor
+// number in the responder's process, and where the MR lies in it); the
+// requester maps the file and, when it sends a WRITE into that MR, copies
+// the bytes straight there and sends only the header (kFlagPlaced). The
+// responder checks that header as it checks any WRITE (key, PD, rights,
+// bounds) and that it names a share it made, then completes it.
+//
+// Rights: an MR is shared only while it and its QP allow remote writes.
+// Each share has a slot in the wire's segment (ShareSlot): the owner's word
+// says open, the requester's says busy placing. The requester sets busy,
+// then places only if the word is still open; a change of rights,
+// translation or PD, or the MR's deregistration, closes the word, waits
+// while the requester is busy, and sends kFrameUnshare. So once that call
+// returns nothing of the peer's lands in the MR, as on an HCA. The
+// requester's softverbs does the bounds check before it places: unlike an
+// HCA, a peer process that ignored it could write the whole shared file
+// (same host, same user).
+// Ordering: a WRITE is placed only once the peer has copied every earlier
+// WRITE out of the ring, so WRITEs land in the order they were posted.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+#include "sv_internal.h"
+
+namespace softverbs {
+
+namespace {
+
+Runtime& Rt() { return Runtime::Get(); }
+
+// MRs smaller than this are not looked up at registration (a read of
+// /proc/self/maps); WRITEs smaller than kPlaceMin go through the ring.
+constexpr uint64_t kShareMinBytes = 16 * 1024;
+constexpr uint64_t kPlaceMin = 4 * 1024;
+// WRITEs this large are placed by the agent, not the posting thread.
+constexpr uint64_t kAgentPlaceMin = 512 * 1024;
+// A peer's files and mappings are kept for the link's life; past these
+// counts, new shares are not taken (the ring path stays).
+constexpr size_t kMaxPeerFiles = 64;
+constexpr size_t kMaxPeerMaps = 8192;
+
+struct ShareBody {
+  uint32_t pid;
+  int32_t fd;
+  uint64_t dev, ino;
+  uint64_t file_off;  // of map_base
+  uint64_t map_base, map_len;
+  uint64_t mr_addr, mr_len;
+};
+static_assert(sizeof(ShareBody) == kShareBodySize, "wire layout");
+
+uint64_t PageSize() {
+  static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// The files MRs live in, each held open once by the runtime: (dev, ino) ->
+// descriptor and the number of MRs in it. Guarded by Rt().mu.
+struct FileRef {
+  int fd = -1;
+  int refs = 0;
+};
+std::map<std::pair<uint64_t, uint64_t>, FileRef>& Files() {
+  static auto* files = new std::map<std::pair<uint64_t, uint64_t>, FileRef>();
+  return *files;
+}
+
+struct Vma {
+  uint64_t start = 0, end = 0, off = 0, dev = 0, ino = 0;
+  bool shared = false;
+};
+
+// The mapping of /proc/self/maps that holds [addr, addr + len) whole.
+bool FindVma(uint64_t addr, uint64_t len, Vma* out) {
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  std::string text;
+  char buf[16384];
+  for (;;) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    unsigned long long start, end, off, ino;
+    unsigned major, minor;
+    char perms[8] = {};
+    if (sscanf(text.c_str() + pos, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &off,
+               &major, &minor, &ino) == 7 &&
+        start <= addr && addr < end) {
+      if (len > end - addr) return false;  // spans mappings: not shared
+      out->start = start;
+      out->end = end;
+      out->off = off;
+      out->dev = makedev(major, minor);
+      out->ino = ino;
+      out->shared = perms[3] == 's';
+      return true;
+    }
+    pos = eol + 1;
+  }
+  return false;
+}
+
+// Mappings of shared files found before: reading /proc/self/maps costs a
+// gRPC process 0.2-0.3 ms, and grpc-rdma registers every buffer of a new
+// connection (its own PD) again. A cached mapping is taken only if
+// /proc/self/map_files still has an entry for exactly its range naming the
+// same file (one stat; permitted to root, CAP_SYS_ADMIN or
+// CAP_CHECKPOINT_RESTORE: without, every lookup reads the maps). Guarded
+// by Rt().mu.
+std::vector<Vma>& VmaCache() {
+  static auto* cache = new std::vector<Vma>();
+  return *cache;
+}
+bool g_map_files_denied = false;
+constexpr size_t kVmaCacheSize = 16;
+
+bool StillMapped(const Vma& v) {
+  if (g_map_files_denied) return false;
+  char path[96];
+  snprintf(path, sizeof(path), "/proc/self/map_files/%" PRIx64 "-%" PRIx64, v.start, v.end);
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    if (errno == EPERM || errno == EACCES) g_map_files_denied = true;
+    return false;
+  }
+  return st.st_dev == v.dev && st.st_ino == v.ino;
+}
+
+bool FindVmaCached(uint64_t addr, uint64_t len, Vma* out) {
+  std::vector<Vma>& cache = VmaCache();
+  for (size_t i = 0; i < cache.size(); ++i) {
+    const Vma& v = cache[i];
+    if (addr < v.start || addr >= v.end || len > v.end - addr) continue;
+    if (StillMapped(v)) {
+      *out = v;
+      return true;
+    }
+    cache.erase(cache.begin() + static_cast<long>(i));
+    break;
+  }
+  if (!FindVma(addr, len, out)) return false;
+  if (out->shared && out->ino != 0 && !g_map_files_denied) {
+    if (cache.size() == kVmaCacheSize) cache.erase(cache.begin());
+    cache.push_back(*out);
+  }
+  return true;
+}
+
+bool SameFile(int fd, uint64_t dev, uint64_t ino, struct stat* st) {
+  return fstat(fd, st) == 0 && S_ISREG(st->st_mode) && st->st_dev == dev && st->st_ino == ino;
+}
+
+// A memfd that cannot shrink: a peer's mapping of it never faults past
+// its end (SIGBUS).
+bool SealedAgainstShrinking(int fd) {
+  int seals = fcntl(fd, F_GET_SEALS);
+  return seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
+}
+
+// A descriptor of the file of `v` of our own: a reopen of one the process
+// holds (memfd_create's), else the mapping's entry in /proc/self/map_files.
+int OpenFileOf(const Vma& v) {
+  struct stat st;
+  int fd = -1;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      char* endp = nullptr;
+      long n = strtol(e->d_name, &endp, 10);
+      if (endp == e->d_name || *endp != '\0' || n == dirfd(d)) continue;
+      if (!SameFile(static_cast<int>(n), v.dev, v.ino, &st)) continue;
+      char path[64];
+      snprintf(path, sizeof(path), "/proc/self/fd/%ld", n);
+      fd = open(path, O_RDWR | O_CLOEXEC);
+      break;
+    }
+    closedir(d);
+  }
+  if (fd < 0) {
+    char path[96];
+    snprintf(path, sizeof(path), "/proc/self/map_files/%" PRIx64 "-%" PRIx64, v.start, v.end);
+    fd = open(path, O_RDWR | O_CLOEXEC);
+  }
+  if (fd >= 0 && (!SameFile(fd, v.dev, v.ino, &st) || !SealedAgainstShrinking(fd))) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+bool ShouldShare(const Mr* mr, const Link* l) {
+  const Qp* qp = l->qp;
+  return l->state == LinkState::kUp && l->shm != nullptr && qp != nullptr && !qp->destroyed &&
+         mr->share_len != 0 && mr->mr.pd == qp->qp.pd &&
+         (mr->access & IBV_ACCESS_REMOTE_WRITE) && (qp->access & IBV_ACCESS_REMOTE_WRITE);
+}
+
+// The word a slot holds while open: never 0 (closed).
+uint64_t OpenWord(uint32_t gen) { return (uint64_t{gen} << 1) | 1; }
+
+void SendShare(Link* l, const Mr* mr) {
+  if (~l->slots_used == 0) return;  // every slot in use: the ring it is
+  int slot = __builtin_ctzll(~l->slots_used);
+  l->slots_used |= uint64_t{1} << slot;
+  uint32_t gen = ++l->share_gen;
+  l->shared_out[mr->mr.rkey] = Link::Shared{gen, slot};
+  LinkOwnSlot(l, slot)->busy.store(0, std::memory_order_relaxed);
+  LinkOwnSlot(l, slot)->open.store(OpenWord(gen), std::memory_order_seq_cst);
+  ShareBody b{};
+  b.pid = static_cast<uint32_t>(getpid());
+  b.fd = mr->share_fd;
+  b.dev = mr->share_dev;
+  b.ino = mr->share_ino;
+  b.file_off = mr->share_off;
+  b.map_base = mr->share_base;
+  b.map_len = mr->share_len;
+  b.mr_addr = reinterpret_cast<uint64_t>(mr->mr.addr);
+  b.mr_len = mr->mr.length;
+  OutFrame f;
+  f.hdr.type = kFrameShare;
+  f.hdr.rkey = mr->mr.rkey;
+  f.hdr.aux = gen;
+  f.hdr.imm = static_cast<uint32_t>(slot);
+  f.hdr.len = sizeof(b);
+  f.owned.append(reinterpret_cast<const char*>(&b), sizeof(b));
+  LinkEnqueue(l, std::move(f));
+}
+
+// Closes the slot, then waits for a placement the peer may have begun
+// before it saw the close: from the return on, nothing of the peer's lands
+// in the MR, as on an HCA once its rights are gone. A peer that holds its
+// slot busy for 2 s (stopped mid-copy) loses the wire.
+void SendUnshare(Link* l, uint32_t rkey) {
+  auto it = l->shared_out.find(rkey);
+  if (it == l->shared_out.end()) return;
+  const Link::Shared sh = it->second;
+  l->shared_out.erase(it);
+  if (l->shm != nullptr && l->state == LinkState::kUp) {
+    ShareSlot* s = LinkOwnSlot(l, sh.slot);
+    s->open.store(0, std::memory_order_seq_cst);
+    const uint64_t deadline = NowUs() + 2000000;
+    while (s->busy.load(std::memory_order_seq_cst) == OpenWord(sh.gen)) {
+      if (NowUs() > deadline) {
+        Warn("link %s: the peer kept placing into an MR 2 s after its rights were taken "
+             "back; closing the link", l->peer_desc.c_str());
+        LinkKill(l);
+        return;
+      }
+      sched_yield();
+    }
+  }
+  l->slots_used &= ~(uint64_t{1} << sh.slot);
+  OutFrame f;
+  f.hdr.type = kFrameUnshare;
+  f.hdr.rkey = rkey;
+  LinkEnqueue(l, std::move(f));
+}
+
+// The peer's file: opened once per link, through /proc/<pid>/fd (same host,
+// same user), and only if it is the file named and cannot shrink.
+int PeerFile(Link* l, const ShareBody& b) {
+  auto key = std::make_pair(b.dev, b.ino);
+  auto it = l->peer_files.find(key);
+  if (it != l->peer_files.end()) return it->second;
+  if (l->peer_files.size() >= kMaxPeerFiles) return -1;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%u/fd/%d", b.pid, b.fd);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    Trace("link %s: one copy: %s: %s; WRITEs go through the ring", l->peer_desc.c_str(), path,
+          strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (!SameFile(fd, b.dev, b.ino, &st) || !SealedAgainstShrinking(fd)) {
+    Trace("link %s: one copy: %s is not the file shared, or can shrink", l->peer_desc.c_str(),
+          path);
+    close(fd);
+    return -1;
+  }
+  l->peer_files[key] = fd;
+  return fd;
+}
+
+}  // namespace
+
+bool MrFindShareLocked(Mr* mr) {
+  if (!GetConfig().one_copy || mr->odp || mr->mr.length < kShareMinBytes) return false;
+  uint64_t addr = reinterpret_cast<uint64_t>(mr->mr.addr);
+  Vma v;
+  if (!FindVmaCached(addr, mr->mr.length, &v) || !v.shared || v.ino == 0) return false;
+  auto key = std::make_pair(v.dev, v.ino);
+  auto it = Files().find(key);
+  if (it == Files().end()) {
+    int fd = OpenFileOf(v);
+    if (fd < 0) return false;
+    it = Files().emplace(key, FileRef{fd, 0}).first;
+  }
+  ++it->second.refs;
+  const uint64_t page = PageSize();
+  uint64_t base = addr & ~(page - 1);
+  uint64_t end = (addr + mr->mr.length + page - 1) & ~(page - 1);
+  mr->share_dev = v.dev;
+  mr->share_ino = v.ino;
+  mr->share_off = v.off + (base - v.start);
+  mr->share_base = base;
+  mr->share_len = end - base;
+  mr->share_fd = it->second.fd;
+  return true;
+}
+
+void MrDropShareLocked(Mr* mr) {
+  if (mr->share_len == 0) return;
+  auto it = Files().find(std::make_pair(mr->share_dev, mr->share_ino));
+  if (it != Files().end() && --it->second.refs == 0) {
+    close(it->second.fd);
+    Files().erase(it);
+  }
+  mr->share_len = 0;
+  mr->share_fd = -1;
+}
+
+void MrSyncSharesLocked(Mr* mr, bool gone) {
+  for (Link* l : Rt().links) {
+    bool want = !gone && ShouldShare(mr, l);
+    bool has = l->shared_out.count(mr->mr.rkey) != 0;
+    if (want && !has) SendShare(l, mr);
+    if (!want && has) SendUnshare(l, mr->mr.rkey);
+  }
+}
+
+void LinkSyncSharesLocked(Link* l) {
+  std::vector<uint32_t> drop;
+  for (auto& [rkey, sh] : l->shared_out) {
+    auto mr = Rt().mrs.find(rkey);
+    if (mr == Rt().mrs.end() || !ShouldShare(mr->second, l)) drop.push_back(rkey);
+  }
+  for (uint32_t rkey : drop) SendUnshare(l, rkey);  // may close the link
+  for (auto& [key, mr] : Rt().mrs) {
+    if (ShouldShare(mr, l) && l->shared_out.count(key) == 0) SendShare(l, mr);
+  }
+}
+
+Placement LinkPlaceWrite(Link* l, OutFrame* f) {
+  FrameHdr& h = f->hdr;
+  const bool asked = l->place_asked;  // the agent was woken for this frame already
+  l->place_asked = false;
+  if (h.type != kFrameWrite || (h.flags & kFlagPlaced) || f->sent != 0 || !f->owned.empty() ||
+      h.len < kPlaceMin || h.len > UINT32_MAX || l->remote_mrs.empty())
+    return Placement::kRing;
+  auto it = l->remote_mrs.find(h.rkey);
+  if (it == l->remote_mrs.end()) return Placement::kRing;
+  const Link::RemoteMr& r = it->second;
+  if (h.addr < r.addr || h.addr - r.addr > r.length || h.len > r.length - (h.addr - r.addr))
+    return Placement::kRing;  // the responder refuses it: let it, through the ring
+  if (LinkTxTail(l) < l->ring_write_end)
+    return Placement::kRing;  // an earlier WRITE is still in the ring
+  // A large copy is the device's work, as an HCA's DMA is: the agent does
+  // it, and the application's thread goes on (through the ring, the agent
+  // copied all but the first ring's worth of a large WRITE too). Placed in
+  // one go: in pieces, letting the runtime's lock go between them, 4 MiB
+  // streams moved less (docs/performance.md).
+  if (h.len >= kAgentPlaceMin && !OnAgentThread()) {
+    if (!asked) Rt().Wake();
+    l->place_asked = true;
+    return Placement::kLater;
+  }
+  // Busy first, then the owner's word: the owner closes first, then waits
+  // while busy; one of the two sees the other.
+  ShareSlot* slot = LinkPeerSlot(l, r.slot);
+  const uint64_t word = OpenWord(r.gen);
+  slot->busy.store(word, std::memory_order_seq_cst);
+  if (slot->open.load(std::memory_order_seq_cst) != word) {
+    slot->busy.store(0, std::memory_order_release);
+    l->remote_mrs.erase(it);  // closed: the UNSHARE is on its way
+    return Placement::kRing;
+  }
+  char* dst = r.local + (h.addr - r.addr);
+  for (const iovec& v : f->iov) {
+    memcpy(dst, v.iov_base, v.iov_len);
+    dst += v.iov_len;
+  }
+  slot->busy.store(0, std::memory_order_release);
+  h.flags |= kFlagPlaced;
+  h.aux = static_cast<uint32_t>(h.len);
+  h.pad = static_cast<uint8_t>(r.gen);
+  if (l->qp != nullptr) CountTx(l->qp->device->index, kStatWriteOneCopy, h.len);
+  h.len = 0;
+  f->iov.clear();
+  return Placement::kPlaced;
+}
+
+void LinkFramePumped(Link* l, const OutFrame& f) {
+  if (f.hdr.type == kFrameWrite && !(f.hdr.flags & kFlagPlaced) && f.hdr.len != 0)
+    l->ring_write_end = LinkTxHead(l);
+}
+
+void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n) {
+  if (h.type == kFrameUnshare) {
+    l->remote_mrs.erase(h.rkey);
+    return;
+  }
+  l->remote_mrs.erase(h.rkey);  // a share anew replaces the last
+  if (l->shm == nullptr || !GetConfig().one_copy || n != sizeof(ShareBody)) return;
+  ShareBody b;
+  memcpy(&b, body, sizeof(b));
+  const uint64_t page = PageSize();
+  if (b.map_len == 0 || (b.map_base | b.map_len | b.file_off) & (page - 1) ||
+      b.map_len > (1ull << 46) || b.mr_addr < b.map_base || b.mr_addr - b.map_base > b.map_len ||
+      b.mr_len > b.map_len - (b.mr_addr - b.map_base)) {
+    Trace("link %s: one copy: a share of rkey 0x%x that does not add up; ignored",
+          l->peer_desc.c_str(), h.rkey);
+    return;
+  }
+  auto key = std::make_tuple(b.dev, b.ino, b.file_off, b.map_len);
+  auto m = l->peer_maps.find(key);
+  if (m == l->peer_maps.end()) {
+    if (l->peer_maps.size() >= kMaxPeerMaps) return;
+    int fd = PeerFile(l, b);
+    if (fd < 0) return;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < b.file_off ||
+        static_cast<uint64_t>(st.st_size) - b.file_off < b.map_len)
+      return;
+    void* at = mmap(nullptr, b.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                    static_cast<off_t>(b.file_off));
+    if (at == MAP_FAILED) {
+      Trace("link %s: one copy: mmap of %llu bytes: %s", l->peer_desc.c_str(),
+            static_cast<unsigned long long>(b.map_len), strerror(errno));
+      return;
+    }
+    // A child forked from this process does not get the peer's memory.
+    (void)madvise(at, b.map_len, MADV_DONTFORK);
+    m = l->peer_maps.emplace(key, Link::Mapping{at, b.map_len}).first;
+  }
+  Link::RemoteMr r;
+  r.addr = b.mr_addr;
+  r.length = b.mr_len;
+  r.local = static_cast<char*>(m->second.at) + (b.mr_addr - b.map_base);
+  r.gen = h.aux;
+  if (h.imm >= static_cast<uint32_t>(kShareSlots)) return;
+  r.slot = static_cast<int>(h.imm);
+  l->remote_mrs[h.rkey] = r;
+}
+
+void LinkForgetShares(Link* l) {
+  l->remote_mrs.clear();
+  l->shared_out.clear();
+  l->slots_used = 0;
+  for (auto& [key, m] : l->peer_maps) munmap(m.at, m.length);
+  l->peer_maps.clear();
+  for (auto& [key, fd] : l->peer_files) close(fd);
+  l->peer_files.clear();
+}
+
+bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen) {
+  auto it = l->shared_out.find(rkey);
+  return it != l->shared_out.end() && static_cast<uint8_t>(it->second.gen) == gen;
+}
+
+}  // namespace softverbs

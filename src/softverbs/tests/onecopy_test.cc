@@ -1,0 +1,249 @@
+// One-copy WRITEs (sv_onecopy.cc): a WRITE into an MR that is a shared
+// mapping of a memfd sealed against shrinking is copied once, straight into
+// the responder's memory; every check an HCA makes still holds. Each case
+// runs in a child (this binary with --scenario one-copy MODE) so that its
+// SOFTVERBS_STATS line at exit tells which WRITEs went with one copy.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "sv_test_util.h"
+
+using namespace svtest;
+
+namespace {
+
+constexpr int kAll = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr size_t kRegion = 1 << 20;
+
+int Fail(const char* what) {
+  printf("scenario failed: %s\n", what);
+  return 1;
+}
+
+// A region as grpc-rdma's pool makes it: a memfd, mapped shared.
+struct Region {
+  int fd = -1;
+  char* p = nullptr;
+  ibv_mr* mr = nullptr;
+  bool Make(ibv_pd* pd, bool seal) {
+    fd = memfd_create("onecopy-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, kRegion) != 0) return false;
+    if (seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) return false;
+    void* at = mmap(nullptr, kRegion, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) return false;
+    p = static_cast<char*>(at);
+    mr = ibv_reg_mr(pd, p, kRegion, kAll);
+    return mr != nullptr;
+  }
+  ~Region() {
+    if (mr) ibv_dereg_mr(mr);
+    if (p) munmap(p, kRegion);
+    if (fd >= 0) close(fd);
+  }
+  uint64_t addr(size_t off) const { return reinterpret_cast<uint64_t>(p) + off; }
+};
+
+struct Pair {
+  ibv_context* ctx = nullptr;
+  Side a, b;
+  Buffer src, msg;
+  bool Open() {
+    ctx = OpenDevice();
+    if (ctx == nullptr) return false;
+    QpOptions o;
+    a = MakeSide(ctx, o);
+    b = MakeSide(ctx, o);
+    if (!ConnectPair(ctx, a, b, o, o)) return false;
+    src = MakeBuffer(a.pd, kRegion, kAll);
+    msg = MakeBuffer(b.pd, 4096, kAll);
+    return src.mr && msg.mr;
+  }
+  // A message from b to a: once a has it, a has taken every frame b sent
+  // before it (a share or an unshare among them).
+  bool Sync() {
+    if (PostRecv(a.qp, src, 0, 64, 900) != 0) return false;
+    if (PostSend(b.qp, IBV_WR_SEND, msg, 0, 1, 901) != 0) return false;
+    auto ra = PollN(a.cq, 1);
+    auto rb = PollN(b.cq, 1);
+    return ra.size() == 1 && ra[0].status == IBV_WC_SUCCESS && rb.size() == 1 &&
+           rb[0].status == IBV_WC_SUCCESS;
+  }
+  ibv_wc_status Write(size_t src_off, size_t len, uint64_t remote, uint32_t rkey,
+                      ibv_wr_opcode op = IBV_WR_RDMA_WRITE, uint32_t imm = 0) {
+    if (PostSend(a.qp, op, src, src_off, len, 7, IBV_SEND_SIGNALED, remote, rkey, imm) != 0)
+      return IBV_WC_GENERAL_ERR;
+    auto tx = PollN(a.cq, 1);
+    return tx.size() == 1 ? tx[0].status : IBV_WC_RESP_TIMEOUT_ERR;
+  }
+  ~Pair() {
+    for (Side* s : {&a, &b}) {
+      if (s->qp) ibv_destroy_qp(s->qp);
+      s->qp = nullptr;
+    }
+    FreeBuffer(src);
+    FreeBuffer(msg);
+    DestroySide(a);
+    DestroySide(b);
+    if (ctx) ibv_close_device(ctx);
+  }
+};
+
+// Runs the scenario in a child with the environment given; returns its
+// SOFTVERBS_STATS lines.
+std::string RunWithStats(const std::string& mode, std::vector<std::string> env) {
+  char path[] = "/tmp/softverbs-onecopy-XXXXXX";
+  int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  env.push_back(std::string("SOFTVERBS_STATS=") + path);
+  std::string out;
+  EXPECT_EQ(RunSelf(env, {"--scenario", "one-copy", mode}, &out), 0) << out;
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  unlink(path);
+  return ss.str() + out;
+}
+
+// "ops=N" of the line for dir/op, or -1.
+long Ops(const std::string& stats, const std::string& dir_op) {
+  size_t at = stats.find(dir_op + " ops=");
+  if (at == std::string::npos) return -1;
+  return std::atol(stats.c_str() + at + dir_op.size() + 5);
+}
+
+}  // namespace
+
+// MODE: "sealed" (the region can be shared) or "unsealed" (it cannot: a
+// file that may shrink would fault the requester). The checks are the same:
+// only the counters tell the two apart.
+int ScenarioOneCopy(const char* mode) {
+  const bool sealed = strncmp(mode, "sealed", 6) == 0;
+  // "sealed-nosync": the WRITE after the rights are taken back is posted at
+  // once, before the requester can have read the UNSHARE: the slot in the
+  // wire's segment, closed before ibv_rereg_mr returns, must stop it.
+  const bool nosync = strcmp(mode, "sealed-nosync") == 0;
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  Region m;
+  if (!m.Make(p.b.pd, sealed)) return Fail("memfd region");
+  if (!p.Sync()) return Fail("sync after registration");
+
+  // A WRITE and a WRITE with immediate, byte-exact.
+  Fill(p.src.data.data(), 256 << 10, 1);
+  if (p.Write(0, 256 << 10, m.addr(4096), m.mr->rkey) != IBV_WC_SUCCESS) return Fail("write");
+  if (!Check(m.p + 4096, 256 << 10, 1)) return Fail("write's bytes");
+  if (m.p[4095] != 0 || m.p[4096 + (256 << 10)] != 0) return Fail("bytes around the write");
+  Fill(p.src.data.data() + 300000, 65536, 2);
+  if (PostRecv(p.b.qp, p.msg, 0, 64, 55) != 0) return Fail("post recv");
+  if (p.Write(300000, 65536, m.addr(512 << 10), m.mr->rkey, IBV_WR_RDMA_WRITE_WITH_IMM,
+              0x1234) != IBV_WC_SUCCESS)
+    return Fail("write with immediate");
+  auto rx = PollN(p.b.cq, 1);
+  if (rx.size() != 1 || rx[0].status != IBV_WC_SUCCESS ||
+      rx[0].opcode != IBV_WC_RECV_RDMA_WITH_IMM || rx[0].byte_len != 65536 ||
+      be32toh(rx[0].imm_data) != 0x1234 || rx[0].wr_id != 55)
+    return Fail("the immediate's completion");
+  if (!Check(m.p + (512 << 10), 65536, 2)) return Fail("write with immediate's bytes");
+  // One of 512 KiB or more is placed by softverbs' agent thread, not the
+  // posting one.
+  Fill(p.src.data.data(), 768 << 10, 6);
+  if (p.Write(0, 768 << 10, m.addr(0), m.mr->rkey) != IBV_WC_SUCCESS) return Fail("large write");
+  if (!Check(m.p, 768 << 10, 6)) return Fail("large write's bytes");
+
+  // WRITEs land in the order they were posted: a small one (through the
+  // ring) and a large one over it, posted back to back, many times.
+  for (int i = 0; i < 50; ++i) {
+    Fill(p.src.data.data(), 2048, 100 + i);
+    Fill(p.src.data.data() + 4096, 16384, 200 + i);
+    if (PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 0, 2048, 10, 0, m.addr(0), m.mr->rkey) != 0 ||
+        PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 4096, 16384, 11, IBV_SEND_SIGNALED, m.addr(0),
+                 m.mr->rkey) != 0)
+      return Fail("post the pair");
+    auto tx = PollN(p.a.cq, 1);
+    if (tx.size() != 1 || tx[0].status != IBV_WC_SUCCESS) return Fail("the pair");
+    if (!Check(m.p, 16384, 200 + i)) return Fail("the later WRITE's bytes are not the last");
+  }
+
+  // Rights taken back: no WRITE posted after lands, though the requester
+  // had the region mapped.
+  if (ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, IBV_ACCESS_LOCAL_WRITE) !=
+      0)
+    return Fail("rereg");
+  if (!nosync && !p.Sync()) return Fail("sync after rereg");
+  memset(m.p, 0x5a, kRegion);
+  Fill(p.src.data.data(), 65536, 3);
+  if (p.Write(0, 65536, m.addr(0), m.mr->rkey) != IBV_WC_REM_ACCESS_ERR)
+    return Fail("a write without the right is refused");
+  for (size_t i = 0; i < kRegion; ++i)
+    if (m.p[i] != 0x5a) return Fail("a refused write changed the region");
+  printf("ok\n");
+  return 0;
+}
+
+// Deregistered: the same, on a fresh pair (the refusal above left its QP
+// in error).
+int ScenarioOneCopyDereg() {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  Region m;
+  if (!m.Make(p.b.pd, true)) return Fail("memfd region");
+  if (!p.Sync()) return Fail("sync");
+  Fill(p.src.data.data(), 65536, 4);
+  if (p.Write(0, 65536, m.addr(0), m.mr->rkey) != IBV_WC_SUCCESS) return Fail("write");
+  if (!Check(m.p, 65536, 4)) return Fail("write's bytes");
+  uint32_t rkey = m.mr->rkey;
+  if (ibv_dereg_mr(m.mr) != 0) return Fail("dereg");
+  m.mr = nullptr;
+  if (!p.Sync()) return Fail("sync after dereg");
+  memset(m.p, 0x33, kRegion);
+  Fill(p.src.data.data(), 65536, 5);
+  if (p.Write(0, 65536, m.addr(0), rkey) != IBV_WC_REM_ACCESS_ERR)
+    return Fail("a write to a deregistered region is refused");
+  for (size_t i = 0; i < kRegion; ++i)
+    if (m.p[i] != 0x33) return Fail("a refused write changed the deregistered region");
+  printf("ok\n");
+  return 0;
+}
+
+TEST(OneCopy, WritesIntoASealedMemfdRegionAreCopiedOnceAndStayChecked) {
+  std::string s = RunWithStats("sealed", {});
+  // The first three WRITEs at least; of each ordered pair, the large one
+  // whenever the small one had left the ring.
+  long placed = Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY");
+  EXPECT_GE(placed, 3) << s;
+  // Every WRITE is counted as one by both sides, placed or not: the three,
+  // 50 pairs, and the refused one on the requester's side.
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE"), 103) << s;
+  EXPECT_EQ(Ops(s, "dir=rx op=RDMA_WRITE"), 102) << s;
+}
+
+TEST(OneCopy, RightsTakenBackStopAWritePostedAtOnce) {
+  std::string s = RunWithStats("sealed-nosync", {});
+  EXPECT_GE(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), 3) << s;
+}
+
+TEST(OneCopy, AWriteToADeregisteredRegionIsRefusedAndLandsNowhere) {
+  std::string s = RunWithStats("dereg", {});
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), 1) << s;
+}
+
+TEST(OneCopy, ARegionThatMayShrinkGoesThroughTheRing) {
+  std::string s = RunWithStats("unsealed", {});
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), -1) << s;
+  EXPECT_EQ(Ops(s, "dir=rx op=RDMA_WRITE"), 102) << s;
+}
+
+TEST(OneCopy, OffWithSoftverbsOneCopy0) {
+  std::string s = RunWithStats("sealed", {"SOFTVERBS_ONE_COPY=0"});
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), -1) << s;
+  EXPECT_EQ(Ops(s, "dir=rx op=RDMA_WRITE"), 102) << s;
+}
