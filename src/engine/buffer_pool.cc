@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "engine/pool_memory.h"
 #include "verbs/log.h"
 #include "verbs/status.h"
 
@@ -71,7 +72,7 @@ uint64_t PinnedBudget::ReclaimCaches(const BufferPool* except) {
   uint64_t freed = 0;
   for (auto& d : drop) {
     d.dereg(d.buf->reg);
-    std::free(d.buf->data);
+    PoolFree(d.buf->data, d.buf->size);
     freed += d.buf->size;
     delete d.buf;
   }
@@ -165,7 +166,7 @@ absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
       if (budget_->ReclaimCaches(this) == 0 || !budget_->TryReserve(cls)) return nullptr;
     }
   }
-  void* mem = std::aligned_alloc(4096, cls);
+  void* mem = PoolAlloc(cls);
   if (mem == nullptr) {
     budget_->Release(cls);
     return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", cls, " bytes"));
@@ -176,7 +177,7 @@ absl::StatusOr<PinnedBuffer*> BufferPool::Get(size_t size) {
     reg = registrar_.reg(mem, cls);  // idle caches gave locked memory back
   }
   if (!reg.ok()) {
-    std::free(mem);
+    PoolFree(mem, cls);
     budget_->Release(cls);
     if (reg.status().code() != absl::StatusCode::kResourceExhausted) return reg.status();
     uint64_t held = budget_->used();
@@ -229,7 +230,7 @@ void BufferPool::Put(PinnedBuffer* b) {
     }
   }
   registrar_.dereg(b->reg);
-  std::free(b->data);
+  PoolFree(b->data, b->size);
   uint64_t size = b->size;
   delete b;
   budget_->Release(size);  // may run waiters: no lock held here
@@ -250,7 +251,7 @@ void BufferPool::Trim(uint64_t keep_bytes) {
   }
   for (PinnedBuffer* b : drop) {
     registrar_.dereg(b->reg);
-    std::free(b->data);
+    PoolFree(b->data, b->size);
     uint64_t size = b->size;
     delete b;
     budget_->Release(size);  // may run waiters: no lock held here
