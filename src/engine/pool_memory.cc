@@ -52,7 +52,14 @@ void MakeLocked(Arena& a) {
     // A forked child: the parent's mapping is not here (MADV_DONTFORK) and
     // its file is the parent's. Its own, made anew.
     if (a.fd >= 0) close(a.fd);
-    if (a.base != nullptr) a.parents.push_back(a.base);
+    if (a.base != nullptr) {
+      // Its addresses stay reserved here, so that nothing of the child's
+      // (its own file among them) lands where a parent's buffer pointer,
+      // freed here, would be taken for one of the child's.
+      (void)mmap(a.base, kArenaBytes, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+      a.parents.push_back(a.base);
+    }
     a.fd = -1;
     a.base = nullptr;
     a.next = 0;
@@ -122,6 +129,8 @@ void PoolFree(void* p, size_t size) {
   Arena& a = A();
   {
     absl::MutexLock l(&a.mu);
+    for (const char* base : a.parents)
+      if (In(base, p)) return;  // a parent's: not mapped here, nothing to give back
     if (InArena(a, p)) {
       if (a.pid == getpid()) {
         auto* c = static_cast<char*>(p);
@@ -141,8 +150,6 @@ void PoolFree(void* p, size_t size) {
       }
       return;
     }
-    for (const char* base : a.parents)
-      if (In(base, p)) return;
   }
   std::free(p);
 }

@@ -13,9 +13,10 @@
 // buffer's pages go back to the system (a hole punched in the file). Its
 // addresses are kept for the next buffer of its class.
 //
-// Where the memfd cannot be had (no memfd, an address-space limit), and in
-// a child forked from the process that made it, buffers come from the heap
-// as before.
+// Where the memfd cannot be had (no memfd, an address-space limit),
+// buffers come from the heap as before. A child forked from the process
+// makes its own file (the parent's addresses stay reserved there, and a
+// parent's buffer freed in the child is left alone).
 //
 // Thread-safety: thread-safe.
 #ifndef GRPC_RDMA_SRC_ENGINE_POOL_MEMORY_H_

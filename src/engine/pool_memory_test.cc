@@ -84,12 +84,19 @@ TEST(PoolMemory, AForkedChildNeitherSeesNorFreesItsParentsBuffers) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     // The parent's buffer is not mapped here (MADV_DONTFORK); giving it
-    // back must not punch the parent's pages out of the shared file.
-    PoolFree(p, kSize);
+    // back must not punch the parent's pages out of the shared file, nor
+    // make its address one the child hands out twice.
     auto* q = static_cast<char*>(PoolAlloc(kSize));
     if (q == nullptr) _exit(2);
     memset(q, 'B', kSize);
+    PoolFree(p, kSize);
+    auto* r = static_cast<char*>(PoolAlloc(kSize));
+    if (r == nullptr) _exit(2);
+    if (r == q || q == p || r == p) _exit(3);
+    memset(r, 'C', kSize);
+    if (q[0] != 'B' || q[kSize - 1] != 'B') _exit(4);
     PoolFree(q, kSize);
+    PoolFree(r, kSize);
     _exit(0);
   }
   int status = 0;

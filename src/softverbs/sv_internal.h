@@ -32,7 +32,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
-#include <tuple>
+#include <set>
 #include <shared_mutex>
 #include <unordered_map>
 #include <memory>
@@ -148,8 +148,8 @@ struct Mr {
   bool odp = false;
   bool implicit = false;
   // One copy (sv_onecopy.cc): the MR's pages are a shared mapping of a
-  // file (memfd, /dev/shm), which a peer on this host may map to place its
-  // WRITEs directly. share_len == 0: not such memory.
+  // memfd sealed against shrinking, which a peer on this host may map to
+  // place its WRITEs directly. share_len == 0: not such memory.
   uint64_t share_dev = 0, share_ino = 0;
   uint64_t share_off = 0;   // file offset of share_base
   uint64_t share_base = 0;  // page-aligned start of the MR's pages
@@ -339,9 +339,9 @@ struct Link {
   // in the channel's set), set again by the next arm.
   bool agent_masked = false;
   // One copy (sv_onecopy.cc). As responder: the MRs shared with the peer,
-  // rkey -> the share's generation. As requester: the peer's MRs we may
-  // place into, the files and mappings they live in (kept for the link's
-  // life: a grant opened again maps nothing anew), and the ring position
+  // rkey -> the share's generation and slot. As requester: the peer's MRs
+  // we may place into, the files they live in (each mapped whole, once per
+  // process: a grant opened again maps nothing anew), and the ring position
   // after the last WRITE sent through the ring (a WRITE is placed only once
   // the peer has copied that one out, so WRITEs land in order).
   struct RemoteMr {
@@ -354,16 +354,11 @@ struct Link {
     uint32_t gen = 0;
     int slot = 0;  // LinkOwnSlot
   };
-  struct Mapping {
-    void* at = nullptr;
-    size_t length = 0;
-  };
   std::unordered_map<uint32_t, Shared> shared_out;
   uint32_t share_gen = 0;
   uint64_t slots_used = 0;  // LinkOwnSlot's, a bit each
   std::unordered_map<uint32_t, RemoteMr> remote_mrs;
-  std::map<std::pair<uint64_t, uint64_t>, int> peer_files;  // (dev, ino) -> fd
-  std::map<std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>, Mapping> peer_maps;
+  std::set<std::pair<uint64_t, uint64_t>> peer_files;  // (dev, ino) of files held
   uint64_t ring_write_end = 0;
   bool place_asked = false;  // the agent was woken to place the front WRITE
 };

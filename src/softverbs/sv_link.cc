@@ -644,6 +644,10 @@ void LinkKill(Link* l) {
   bool was_up = l->state == LinkState::kUp;
   l->state = LinkState::kDead;
   Trace("link %s: closed", l->peer_desc.c_str());
+  // First, while the segment is mapped: the peer may still have it and
+  // our MRs mapped, so their slots close now (and a placement in progress
+  // is waited out), or it could go on writing into memory we free.
+  LinkForgetShares(l);
   LinkUndelegate(l);
   CloseDoorbell(l);
   if (l->fd >= 0) {
@@ -658,7 +662,6 @@ void LinkKill(Link* l) {
     l->tx = l->rx = nullptr;
   }
   l->out.clear();
-  LinkForgetShares(l);
   (void)was_up;
   if (l->qp != nullptr) QpLinkDeadLocked(l->qp, true);
   if (l->cm != nullptr) CmLinkDead(l);

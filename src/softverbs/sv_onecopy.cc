@@ -32,6 +32,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <vector>
@@ -50,10 +51,11 @@ constexpr uint64_t kShareMinBytes = 16 * 1024;
 constexpr uint64_t kPlaceMin = 4 * 1024;
 // WRITEs this large are placed by the agent, not the posting thread.
 constexpr uint64_t kAgentPlaceMin = 512 * 1024;
-// A peer's files and mappings are kept for the link's life; past these
-// counts, new shares are not taken (the ring path stays).
-constexpr size_t kMaxPeerFiles = 64;
-constexpr size_t kMaxPeerMaps = 8192;
+// A placement looks at its slot again after each this many bytes.
+constexpr size_t kPlaceStep = 1 << 20;
+// Peers' files are mapped once per process while a link uses them; past
+// this many, new shares are not taken (the ring path stays).
+constexpr size_t kMaxPeerFiles = 256;
 
 struct ShareBody {
   uint32_t pid;
@@ -212,7 +214,10 @@ int OpenFileOf(const Vma& v) {
 
 bool ShouldShare(const Mr* mr, const Link* l) {
   const Qp* qp = l->qp;
-  return l->state == LinkState::kUp && l->shm != nullptr && qp != nullptr && !qp->destroyed &&
+  const bool serving = qp != nullptr && !l->rx_dead &&
+                       (qp->qp.state == IBV_QPS_RTR || qp->qp.state == IBV_QPS_RTS ||
+                        qp->qp.state == IBV_QPS_SQD);
+  return l->state == LinkState::kUp && l->shm != nullptr && serving && !qp->destroyed &&
          mr->share_len != 0 && mr->mr.pd == qp->qp.pd &&
          (mr->access & IBV_ACCESS_REMOTE_WRITE) && (qp->access & IBV_ACCESS_REMOTE_WRITE);
 }
@@ -252,24 +257,31 @@ void SendShare(Link* l, const Mr* mr) {
 // before it saw the close: from the return on, nothing of the peer's lands
 // in the MR, as on an HCA once its rights are gone. A peer that holds its
 // slot busy for 2 s (stopped mid-copy) loses the wire.
+// Closes a share's slot and waits while the peer is placing into it (it
+// checks the slot at least every kPlaceStep bytes). False: still busy
+// after 2 s (a peer stopped mid-copy).
+bool CloseSlot(Link* l, const Link::Shared& sh) {
+  if (l->shm == nullptr) return true;
+  ShareSlot* s = LinkOwnSlot(l, sh.slot);
+  s->open.store(0, std::memory_order_seq_cst);
+  const uint64_t deadline = NowUs() + 2000000;
+  while (s->busy.load(std::memory_order_seq_cst) == OpenWord(sh.gen)) {
+    if (NowUs() > deadline) return false;
+    sched_yield();
+  }
+  return true;
+}
+
 void SendUnshare(Link* l, uint32_t rkey) {
   auto it = l->shared_out.find(rkey);
   if (it == l->shared_out.end()) return;
   const Link::Shared sh = it->second;
   l->shared_out.erase(it);
-  if (l->shm != nullptr && l->state == LinkState::kUp) {
-    ShareSlot* s = LinkOwnSlot(l, sh.slot);
-    s->open.store(0, std::memory_order_seq_cst);
-    const uint64_t deadline = NowUs() + 2000000;
-    while (s->busy.load(std::memory_order_seq_cst) == OpenWord(sh.gen)) {
-      if (NowUs() > deadline) {
-        Warn("link %s: the peer kept placing into an MR 2 s after its rights were taken "
-             "back; closing the link", l->peer_desc.c_str());
-        LinkKill(l);
-        return;
-      }
-      sched_yield();
-    }
+  if (!CloseSlot(l, sh)) {
+    Warn("link %s: the peer kept placing into an MR 2 s after its rights were taken "
+         "back; closing the link", l->peer_desc.c_str());
+    LinkKill(l);  // closes the link's other slots too
+    return;
   }
   l->slots_used &= ~(uint64_t{1} << sh.slot);
   OutFrame f;
@@ -278,30 +290,68 @@ void SendUnshare(Link* l, uint32_t rkey) {
   LinkEnqueue(l, std::move(f));
 }
 
-// The peer's file: opened once per link, through /proc/<pid>/fd (same host,
-// same user), and only if it is the file named and cannot shrink.
-int PeerFile(Link* l, const ShareBody& b) {
+// Peers' files, each opened (through /proc/<pid>/fd: same host, same user)
+// and mapped whole once per process, whatever the links that use it, and
+// only if it is the file named and cannot shrink: (dev, ino) -> where, and
+// how many links hold it. Guarded by Rt().mu.
+struct PeerFileRef {
+  int fd = -1;
+  char* at = nullptr;
+  uint64_t size = 0;
+  int refs = 0;
+};
+std::map<std::pair<uint64_t, uint64_t>, PeerFileRef>& PeerFiles() {
+  static auto* files = new std::map<std::pair<uint64_t, uint64_t>, PeerFileRef>();
+  return *files;
+}
+
+const PeerFileRef* PeerFile(Link* l, const ShareBody& b) {
   auto key = std::make_pair(b.dev, b.ino);
-  auto it = l->peer_files.find(key);
-  if (it != l->peer_files.end()) return it->second;
-  if (l->peer_files.size() >= kMaxPeerFiles) return -1;
-  char path[64];
-  snprintf(path, sizeof(path), "/proc/%u/fd/%d", b.pid, b.fd);
-  int fd = open(path, O_RDWR | O_CLOEXEC);
-  if (fd < 0) {
-    Trace("link %s: one copy: %s: %s; WRITEs go through the ring", l->peer_desc.c_str(), path,
-          strerror(errno));
-    return -1;
+  auto it = PeerFiles().find(key);
+  if (it == PeerFiles().end()) {
+    if (PeerFiles().size() >= kMaxPeerFiles) return nullptr;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%u/fd/%d", b.pid, b.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      Trace("link %s: one copy: %s: %s; WRITEs go through the ring", l->peer_desc.c_str(),
+            path, strerror(errno));
+      return nullptr;
+    }
+    struct stat st;
+    if (!SameFile(fd, b.dev, b.ino, &st) || !SealedAgainstShrinking(fd) || st.st_size <= 0) {
+      Trace("link %s: one copy: %s is not the file shared, or can shrink", l->peer_desc.c_str(),
+            path);
+      close(fd);
+      return nullptr;
+    }
+    // Whole: it cannot shrink, and its addresses cost nothing until used.
+    void* at = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (at == MAP_FAILED) {
+      Trace("link %s: one copy: mmap of %lld bytes: %s", l->peer_desc.c_str(),
+            static_cast<long long>(st.st_size), strerror(errno));
+      close(fd);
+      return nullptr;
+    }
+    // A child forked from this process does not get the peer's memory.
+    (void)madvise(at, static_cast<size_t>(st.st_size), MADV_DONTFORK);
+    it = PeerFiles().emplace(key, PeerFileRef{fd, static_cast<char*>(at),
+                                              static_cast<uint64_t>(st.st_size), 0}).first;
   }
-  struct stat st;
-  if (!SameFile(fd, b.dev, b.ino, &st) || !SealedAgainstShrinking(fd)) {
-    Trace("link %s: one copy: %s is not the file shared, or can shrink", l->peer_desc.c_str(),
-          path);
-    close(fd);
-    return -1;
+  if (l->peer_files.insert(key).second) ++it->second.refs;
+  return &it->second;
+}
+
+void ReleasePeerFiles(Link* l) {
+  for (const auto& key : l->peer_files) {
+    auto it = PeerFiles().find(key);
+    if (it == PeerFiles().end() || --it->second.refs > 0) continue;
+    munmap(it->second.at, it->second.size);
+    close(it->second.fd);
+    PeerFiles().erase(it);
   }
-  l->peer_files[key] = fd;
-  return fd;
+  l->peer_files.clear();
 }
 
 }  // namespace
@@ -397,10 +447,27 @@ Placement LinkPlaceWrite(Link* l, OutFrame* f) {
     l->remote_mrs.erase(it);  // closed: the UNSHARE is on its way
     return Placement::kRing;
   }
+  // The slot is looked at again every kPlaceStep bytes: rights taken back
+  // mid-copy stop it there (what landed before came while they were
+  // there), and the WRITE goes through the ring, to be refused.
   char* dst = r.local + (h.addr - r.addr);
+  uint64_t since_check = 0;
   for (const iovec& v : f->iov) {
-    memcpy(dst, v.iov_base, v.iov_len);
-    dst += v.iov_len;
+    for (size_t off = 0; off < v.iov_len;) {
+      size_t n = std::min<size_t>(v.iov_len - off, kPlaceStep - since_check);
+      memcpy(dst, static_cast<char*>(v.iov_base) + off, n);
+      dst += n;
+      off += n;
+      since_check += n;
+      if (since_check == kPlaceStep) {
+        since_check = 0;
+        if (slot->open.load(std::memory_order_seq_cst) != word) {
+          slot->busy.store(0, std::memory_order_release);
+          l->remote_mrs.erase(it);
+          return Placement::kRing;
+        }
+      }
+    }
   }
   slot->busy.store(0, std::memory_order_release);
   h.flags |= kFlagPlaced;
@@ -434,45 +501,27 @@ void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n) {
           l->peer_desc.c_str(), h.rkey);
     return;
   }
-  auto key = std::make_tuple(b.dev, b.ino, b.file_off, b.map_len);
-  auto m = l->peer_maps.find(key);
-  if (m == l->peer_maps.end()) {
-    if (l->peer_maps.size() >= kMaxPeerMaps) return;
-    int fd = PeerFile(l, b);
-    if (fd < 0) return;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < b.file_off ||
-        static_cast<uint64_t>(st.st_size) - b.file_off < b.map_len)
-      return;
-    void* at = mmap(nullptr, b.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                    static_cast<off_t>(b.file_off));
-    if (at == MAP_FAILED) {
-      Trace("link %s: one copy: mmap of %llu bytes: %s", l->peer_desc.c_str(),
-            static_cast<unsigned long long>(b.map_len), strerror(errno));
-      return;
-    }
-    // A child forked from this process does not get the peer's memory.
-    (void)madvise(at, b.map_len, MADV_DONTFORK);
-    m = l->peer_maps.emplace(key, Link::Mapping{at, b.map_len}).first;
-  }
+  if (h.imm >= static_cast<uint32_t>(kShareSlots)) return;
+  const PeerFileRef* file = PeerFile(l, b);
+  if (file == nullptr || b.file_off > file->size || b.map_len > file->size - b.file_off) return;
   Link::RemoteMr r;
   r.addr = b.mr_addr;
   r.length = b.mr_len;
-  r.local = static_cast<char*>(m->second.at) + (b.mr_addr - b.map_base);
+  r.local = file->at + b.file_off + (b.mr_addr - b.map_base);
   r.gen = h.aux;
-  if (h.imm >= static_cast<uint32_t>(kShareSlots)) return;
   r.slot = static_cast<int>(h.imm);
   l->remote_mrs[h.rkey] = r;
 }
 
 void LinkForgetShares(Link* l) {
+  for (auto& [rkey, sh] : l->shared_out)
+    if (!CloseSlot(l, sh))
+      Warn("link %s: the peer kept placing into an MR for 2 s after the link closed",
+           l->peer_desc.c_str());
   l->remote_mrs.clear();
   l->shared_out.clear();
   l->slots_used = 0;
-  for (auto& [key, m] : l->peer_maps) munmap(m.at, m.length);
-  l->peer_maps.clear();
-  for (auto& [key, fd] : l->peer_files) close(fd);
-  l->peer_files.clear();
+  ReleasePeerFiles(l);
 }
 
 bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen) {

@@ -618,6 +618,8 @@ void QpToErrorLocked(Qp* qp, ibv_wc_status head_status) {
     CompleteRecv(qp, qp->rq.front(), IBV_WC_WR_FLUSH_ERR, nullptr);
     qp->rq.pop_front();
   }
+  // A QP in error serves no WRITE: the peer places into none of its MRs.
+  if (qp->link != nullptr && qp->link->state == LinkState::kUp) LinkSyncSharesLocked(qp->link);
 }
 
 void QpLinkUpLocked(Qp* qp) {
@@ -955,10 +957,7 @@ int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask) {
   in_addr peer{};
   if ((mask & IBV_QP_AV) && !qp->cm_managed && !PeerAddrFromAh(qp->device, attr->ah_attr, &peer))
     return EINVAL;
-  if (mask & IBV_QP_ACCESS_FLAGS) {
-    qp->access = attr->qp_access_flags;
-    if (qp->link != nullptr && qp->link->state == LinkState::kUp) LinkSyncSharesLocked(qp->link);
-  }
+  if (mask & IBV_QP_ACCESS_FLAGS) qp->access = attr->qp_access_flags;
   if (mask & IBV_QP_PKEY_INDEX) qp->pkey_index = attr->pkey_index;
   if (mask & IBV_QP_PATH_MTU) qp->path_mtu = attr->path_mtu;
   if (mask & IBV_QP_TIMEOUT) qp->timeout = attr->timeout;
@@ -1001,6 +1000,8 @@ int ModifyQpLocked(Qp* qp, ibv_qp_attr* attr, int mask) {
   } else if (next == IBV_QPS_RTS && cur == IBV_QPS_RTR) {
     QueueFramesLocked(qp);
   }
+  // Rights and state decide what the peer may place into (sv_onecopy.cc).
+  if (qp->link != nullptr && qp->link->state == LinkState::kUp) LinkSyncSharesLocked(qp->link);
   return 0;
 }
 

@@ -214,6 +214,47 @@ int ScenarioOneCopyDereg() {
   return 0;
 }
 
+// The responder's QP moved to error (`destroy` false: the wire stays up,
+// and the requester hears of nothing) or destroyed (its wire closed) while
+// the requester still holds the share: a WRITE posted then must not land.
+int ScenarioOneCopyQpGone(bool destroy) {
+  Pair p;
+  if (!p.Open()) return Fail("open");
+  Region m;
+  if (!m.Make(p.b.pd, true)) return Fail("memfd region");
+  if (!p.Sync()) return Fail("sync");
+  Fill(p.src.data.data(), 65536, 7);
+  if (p.Write(0, 65536, m.addr(0), m.mr->rkey) != IBV_WC_SUCCESS) return Fail("write");
+  memset(m.p, 0x77, kRegion);
+  if (destroy) {
+    if (ibv_destroy_qp(p.b.qp) != 0) return Fail("destroy the responder's QP");
+    p.b.qp = nullptr;
+  } else {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    if (ibv_modify_qp(p.b.qp, &attr, IBV_QP_STATE) != 0) return Fail("responder's QP to ERR");
+  }
+  Fill(p.src.data.data(), 65536, 8);
+  if (PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 0, 65536, 9, IBV_SEND_SIGNALED, m.addr(0),
+               m.mr->rkey) != 0)
+    return Fail("post");
+  PollN(p.a.cq, 1, 500);  // an error, or nothing
+  for (size_t i = 0; i < kRegion; ++i)
+    if (m.p[i] != 0x77) return Fail("a write to a gone QP's region landed");
+  printf("ok\n");
+  return 0;
+}
+
+TEST(OneCopy, AWriteAfterTheRespondersQpIsGoneLandsNowhere) {
+  std::string s = RunWithStats("qp-gone", {});
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), 1) << s;
+}
+
+TEST(OneCopy, AWriteToAQpInErrorLandsNowhere) {
+  std::string s = RunWithStats("qp-error", {});
+  EXPECT_EQ(Ops(s, "dir=tx op=RDMA_WRITE_ONE_COPY"), 1) << s;
+}
+
 TEST(OneCopy, WritesIntoASealedMemfdRegionAreCopiedOnceAndStayChecked) {
   std::string s = RunWithStats("sealed", {});
   // The first three WRITEs at least; of each ordered pair, the large one

@@ -20,6 +20,7 @@ int ScenarioOdpOff();
 int ScenarioDeviceCpu();
 int ScenarioOneCopy(const char* mode);
 int ScenarioOneCopyDereg();
+int ScenarioOneCopyQpGone(bool destroy);
 
 #if defined(__SANITIZE_ADDRESS__)
 // ChannelTest.BlockedWaiterCanBeCancelled ends a thread with pthread_cancel;
@@ -45,7 +46,10 @@ int main(int argc, char** argv) {
     if (s == "odp-off") return ScenarioOdpOff();
     if (s == "device-cpu") return ScenarioDeviceCpu();
     if (s == "one-copy" && argc >= 4)
-      return strcmp(argv[3], "dereg") == 0 ? ScenarioOneCopyDereg() : ScenarioOneCopy(argv[3]);
+      return strcmp(argv[3], "dereg") == 0     ? ScenarioOneCopyDereg()
+             : strcmp(argv[3], "qp-gone") == 0  ? ScenarioOneCopyQpGone(true)
+             : strcmp(argv[3], "qp-error") == 0 ? ScenarioOneCopyQpGone(false)
+                                               : ScenarioOneCopy(argv[3]);
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
     return 100;
   }
