@@ -192,9 +192,14 @@ int OpenFileOf(const Vma& v) {
       char* endp = nullptr;
       long n = strtol(e->d_name, &endp, 10);
       if (endp == e->d_name || *endp != '\0' || n == dirfd(d)) continue;
-      if (!SameFile(static_cast<int>(n), v.dev, v.ino, &st)) continue;
+      // By path, never by descriptor number: another thread may be
+      // opening or closing any of these (and ThreadSanitizer says so).
+      // What is opened is checked again below, on our own descriptor.
       char path[64];
       snprintf(path, sizeof(path), "/proc/self/fd/%ld", n);
+      if (stat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != v.dev ||
+          st.st_ino != v.ino)
+        continue;
       fd = open(path, O_RDWR | O_CLOEXEC);
       break;
     }
