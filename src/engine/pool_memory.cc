@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -36,7 +37,7 @@ struct Arena {
   uint64_t next = 0;     // addresses handed out so far
   std::map<size_t, std::vector<char*>> free;  // by size: addresses to reuse
   uint64_t backed_free = 0;  // bytes of `free` whose pages are still there
-  std::map<char*, size_t> backed;  // those buffers
+  std::set<char*> backed;    // those buffers
   // Files of the processes this one was forked from: not mapped here, and
   // their buffers are theirs (freeing one here gives nothing back).
   std::vector<char*> parents;
@@ -132,12 +133,14 @@ void PoolFree(void* p, size_t size) {
     for (const char* base : a.parents)
       if (In(base, p)) return;  // a parent's: not mapped here, nothing to give back
     if (InArena(a, p)) {
+      // Another pid: a forked child that has made no arena yet, freeing
+      // its parent's buffer (the parent's still, nothing to give back).
       if (a.pid == getpid()) {
         auto* c = static_cast<char*>(p);
         std::vector<char*>& reuse = a.free[size];
         if (a.backed_free + size <= kKeepBackedBytes) {
           a.backed_free += size;
-          a.backed[c] = size;
+          a.backed.insert(c);
           reuse.push_back(c);
         } else {
           // The pages go back now; the addresses wait for the next buffer

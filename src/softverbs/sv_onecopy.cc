@@ -258,13 +258,10 @@ void SendShare(Link* l, const Mr* mr) {
   LinkEnqueue(l, std::move(f));
 }
 
-// Closes the slot, then waits for a placement the peer may have begun
-// before it saw the close: from the return on, nothing of the peer's lands
-// in the MR, as on an HCA once its rights are gone. A peer that holds its
-// slot busy for 2 s (stopped mid-copy) loses the wire.
-// Closes a share's slot and waits while the peer is placing into it (it
-// checks the slot at least every kPlaceStep bytes). False: still busy
-// after 2 s (a peer stopped mid-copy).
+// Closes a share's slot, then waits while the peer is placing into it (it
+// looks at the slot at least every kPlaceStep bytes): from the return on,
+// nothing of the peer's lands in the MR, as on an HCA once its rights are
+// gone. False: still busy after 2 s (a peer stopped mid-copy).
 bool CloseSlot(Link* l, const Link::Shared& sh) {
   if (l->shm == nullptr) return true;
   ShareSlot* s = LinkOwnSlot(l, sh.slot);
