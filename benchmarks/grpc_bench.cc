@@ -446,11 +446,16 @@ class Bench {
       return Seconds(Clock::now() - t0);
     };
     run(1);  // warm-up
+    auto copies0 = grpc_rdma_test::RdmaStats();
+    CpuMark m0 = MarkCpu(a_);
     double t = run(a_.steps);
+    CpuMark m1 = MarkCpu(a_);
+    std::string copies = CopiesJson(copies0, grpc_rdma_test::RdmaStats());
+    // CPU per step (microseconds), client (all workers) and server.
     printf("{\"suite\":\"ps\",\"model\":\"%s\",\"workers\":%d,\"variables\":%zu,"
-           "\"bytes_per_step\":%llu,\"steps_per_s\":%.3f}\n",
+           "\"bytes_per_step\":%llu,\"steps_per_s\":%.3f%s%s}\n",
            a_.model.c_str(), a_.workers, vars.size(), static_cast<unsigned long long>(bytes),
-           a_.steps / t);
+           a_.steps / t, CpuJson(a_, m0, m1, a_.steps).c_str(), copies.c_str());
     fflush(stdout);
   }
 

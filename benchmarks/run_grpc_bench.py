@@ -332,6 +332,20 @@ def summarize_cpu(results, clients, stream_sizes):
             row[f"{t}_cpu_device"] = dev * scale if dev is not None else None
         row["rdma_host_tcp_ratio"] = host_cpu_spread(results, suite, key)
         out.append(row)
+    # The parameter server's steps, where it ran (not with --no-ps): CPU
+    # bound on a small machine, so host CPU per step is what an HCA's
+    # steps per second would follow once the device's copies leave the CPUs.
+    for model in ("resnet50", "vgg16"):
+        key = {"model": model}
+        if not any(matching(results[t], "ps", key) for t in TRANSPORTS):
+            continue
+        row = {"what": f"parameter server, {model}, 2 workers: CPU ms per step"}
+        for t in TRANSPORTS:
+            tot, dev = cpu_of(results[t], "ps", key)
+            row[f"{t}_cpu"] = tot * 1e-3 if tot is not None else None
+            row[f"{t}_cpu_device"] = dev * 1e-3 if dev is not None else None
+        row["rdma_host_tcp_ratio"] = host_cpu_spread(results, "ps", key)
+        out.append(row)
     return out
 
 

@@ -60,6 +60,25 @@ def check_summary():
     check("malloc thresholds raised in every process" in md, f"and the allocator's: {md[:500]!r}")
     md = rb.table(rb.summarize(res, 2, [64], []), 3, {"cpus": 2, "glibc_malloc_defaults": True})
     check("glibc's malloc defaults in TCP" in md, f"--glibc-malloc-defaults said: {md[:500]!r}")
+    # The parameter server's CPU per step: RDMA's host part (without the
+    # emulated device) over TCP's, repetition by repetition; no row
+    # without parameter-server runs.
+    check(not any("parameter server" in row["what"] for row in rb.summarize(res, 2, [64], [])["cpu"]),
+          "no parameter-server CPU row without parameter-server runs")
+
+    def ps(rep, total_us, device_us):
+        return {"suite": "ps", "model": "resnet50", "rep": rep, "steps_per_s": 1.0,
+                "cpu_client_us": total_us / 2, "cpu_client_device_us": device_us,
+                "cpu_server_us": total_us / 2, "cpu_server_device_us": 0}
+    # RDMA 300 ms per step of which the device 100, then 260 of which 60;
+    # TCP 400 both times: host ratios 0.5 and 0.5.
+    res = {"rdma": [ps(0, 300e3, 100e3), ps(1, 260e3, 60e3)],
+           "tcp": [ps(0, 400e3, 0), ps(1, 400e3, 0)], "inproc": [ps(0, 150e3, 0), ps(1, 150e3, 0)]}
+    rows = [row for row in rb.summarize(res, 2, [], [])["cpu"] if "parameter server" in row["what"]]
+    check(len(rows) == 1 and rows[0]["what"] == "parameter server, resnet50, 2 workers: CPU ms per step"
+          and abs(rows[0]["rdma_cpu"] - 280) < 1e-6 and abs(rows[0]["rdma_cpu_device"] - 80) < 1e-6
+          and rb.ratio(rows[0]["rdma_host_tcp_ratio"]) == "0.50 [0.50-0.50]",
+          f"parameter-server CPU row: {rows}")
     # --keep-awake's spinners run at idle priority, one per CPU.
     r = rb.Runner.__new__(rb.Runner)
     spinners = r.start_spinners()
