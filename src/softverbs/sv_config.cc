@@ -295,7 +295,7 @@ Counter g_tx[kMaxStatDevices][kStatNumOps];
 Counter g_rx[kMaxStatDevices][kStatNumOps];
 const char* kOpNames[kStatNumOps] = {"SEND", "SEND_WITH_IMM", "RDMA_WRITE",
                                      "RDMA_WRITE_WITH_IMM", "RDMA_READ", "RECV",
-                                     "RDMA_WRITE_ONE_COPY"};
+                                     "RDMA_WRITE_ONE_COPY", "RDMA_READ_ONE_COPY"};
 
 void DumpStats() {
   const Config& c = GetConfig();

@@ -89,7 +89,7 @@ uint64_t NowUs();
 // ------------------------------------- sv_config.cc: traffic counters ---
 
 enum StatOp { kStatSend, kStatSendImm, kStatWrite, kStatWriteImm, kStatRead,
-              kStatRecv, kStatWriteOneCopy, kStatNumOps };
+              kStatRecv, kStatWriteOneCopy, kStatReadOneCopy, kStatNumOps };
 void CountTx(int dev_index, StatOp op, uint64_t bytes);
 void CountRx(int dev_index, StatOp op, uint64_t bytes);
 void InstallStatsDump();
@@ -240,9 +240,17 @@ enum FrameType : uint8_t {
   kFrameUnshare = 9,
 };
 // kFlagPlaced: a WRITE whose bytes the requester already placed in the
-// shared MR; no payload follows, `aux` is its length and `pad` the share's
-// generation.
-enum FrameFlags : uint8_t { kFlagImm = 1, kFlagSolicited = 2, kFlagPlaced = 4 };
+// shared MR (no payload follows, `aux` is its length and `pad` the share's
+// generation); a READ_REQ whose bytes the requester already copied out of
+// the shared MR (`pad` the generation), and the READ_RESP that answers it
+// (no payload, `aux` the length). kFlagReadable, on a SHARE: the MR may be
+// read directly too (its READs are allowed; older peers ignore the flag).
+enum FrameFlags : uint8_t {
+  kFlagImm = 1,
+  kFlagSolicited = 2,
+  kFlagPlaced = 4,
+  kFlagReadable = 8,
+};
 
 struct FrameHdr {
   uint8_t type;
@@ -261,6 +269,7 @@ static_assert(sizeof(FrameHdr) == 40, "wire layout");
 struct OutFrame {
   FrameHdr hdr{};
   SmallVec<iovec, 2> iov;  // payload, borrowed from registered memory
+  SmallVec<iovec, 2> read_into;  // READ_REQ: the local memory asked to be filled
   Bytes owned;             // payload owned by the frame (inline data)
   size_t sent = 0;         // bytes of header + payload written so far
   size_t total() const { return sizeof(FrameHdr) + hdr.len; }
@@ -343,16 +352,21 @@ struct Link {
   // we may place into, the files they live in (each mapped whole, once per
   // process: a grant opened again maps nothing anew), and the ring position
   // after the last WRITE sent through the ring (a WRITE is placed only once
-  // the peer has copied that one out, so WRITEs land in order).
+  // the peer has copied that one out, so WRITEs land in order; a READ is
+  // copied directly on the same condition, so it sees every earlier WRITE),
+  // and the sequence numbers of the READs copied so (their responses carry
+  // no bytes), oldest first.
   struct RemoteMr {
     uint64_t addr = 0, length = 0;  // the MR, in the peer's addresses
     char* local = nullptr;          // where addr is mapped here
     uint32_t gen = 0;
     int slot = 0;  // LinkPeerSlot
+    bool readable = false;  // kFlagReadable
   };
   struct Shared {
     uint32_t gen = 0;
     int slot = 0;  // LinkOwnSlot
+    bool readable = false;
   };
   std::unordered_map<uint32_t, Shared> shared_out;
   uint32_t share_gen = 0;
@@ -360,7 +374,8 @@ struct Link {
   std::unordered_map<uint32_t, RemoteMr> remote_mrs;
   std::set<std::pair<uint64_t, uint64_t>> peer_files;  // (dev, ino) of files held
   uint64_t ring_write_end = 0;
-  bool place_asked = false;  // the agent was woken to place the front WRITE
+  bool place_asked = false;  // the agent was woken to place the front WRITE or READ
+  std::deque<uint64_t> placed_reads;
 };
 
 // A work request built with the extended post API (ibv_wr_*), between
@@ -605,18 +620,23 @@ void MrSyncSharesLocked(Mr* mr, bool gone = false);
 // rights change.
 void LinkSyncSharesLocked(Link* l);
 // PumpShm, before a frame's first byte: a WRITE the peer shared the target
-// of is copied there now and becomes a placed frame (kPlaced), or goes
+// of is copied there now, or a READ the peer shared the source of is
+// copied from there now, and becomes a placed frame (kPlaced), or goes
 // through the ring (kRing), or, a large one met on an application's
 // thread, waits for the agent to place it (kLater: the agent is woken; the
 // frame and those after it stay queued).
 enum class Placement { kRing, kPlaced, kLater };
-Placement LinkPlaceWrite(Link* l, OutFrame* f);
+Placement LinkPlace(Link* l, OutFrame* f);
 void LinkFramePumped(Link* l, const OutFrame& f);  // a frame went whole
 // kFrameShare / kFrameUnshare received (body: the share's payload).
 void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n);
 void LinkForgetShares(Link* l);  // the link is dead: unmap, close
-// A placed WRITE names a share this link made, of this generation.
-bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen);
+// A placed WRITE (or, `read`, a placed READ: a readable share) names a
+// share this link made, of this generation.
+bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen, bool read = false);
+// A READ_RESP for `seq` arrived: whether that READ was copied directly
+// (forgetting it, and any older ones, whose responses will not come).
+bool LinkTakePlacedRead(Link* l, uint64_t seq);
 constexpr size_t kShareBodySize = 64;
 // A shared-memory segment made ready for a link that is to initiate:
 // named in /dev/shm, its pages reserved, mapped, its rings empty. Made

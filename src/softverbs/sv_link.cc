@@ -473,7 +473,7 @@ size_t PumpShm(Link* l, bool* urgent) {
   EarlyBell bell;  // once per pump: the consumer, once awake, takes all
   while (!l->out.empty()) {
     OutFrame& f = l->out.front();
-    if (f.sent == 0 && LinkPlaceWrite(l, &f) == Placement::kLater) break;
+    if (f.sent == 0 && LinkPlace(l, &f) == Placement::kLater) break;
     // Acknowledgements and shares wake nobody: whoever looks at the ring
     // next takes them.
     const bool quiet =

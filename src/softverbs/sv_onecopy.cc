@@ -23,6 +23,16 @@
 // (same host, same user).
 // Ordering: a WRITE is placed only once the peer has copied every earlier
 // WRITE out of the ring, so WRITEs land in the order they were posted.
+//
+// READs: a share says whether the MR may also be read (kFlagReadable: the
+// MR and the QP allow remote reads). The requester then copies a READ's
+// bytes straight out of the peer's MR into the READ's memory, under the
+// same slot, on the same ordering condition (so it sees every earlier
+// WRITE), and sends the request flagged placed; the responder checks it as
+// any READ, and that it names a readable share of its own, and answers
+// with a response that carries no bytes. Only MRs that allow remote
+// writes are shared at all, so a peer built before READs were placed never
+// places into an MR it may only read.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -230,12 +240,18 @@ bool ShouldShare(const Mr* mr, const Link* l) {
 // The word a slot holds while open: never 0 (closed).
 uint64_t OpenWord(uint32_t gen) { return (uint64_t{gen} << 1) | 1; }
 
+// The MR may be read directly as well (its share says kFlagReadable).
+bool ShouldShareReads(const Mr* mr, const Link* l) {
+  return (mr->access & IBV_ACCESS_REMOTE_READ) && (l->qp->access & IBV_ACCESS_REMOTE_READ);
+}
+
 void SendShare(Link* l, const Mr* mr) {
   if (~l->slots_used == 0) return;  // every slot in use: the ring it is
   int slot = __builtin_ctzll(~l->slots_used);
   l->slots_used |= uint64_t{1} << slot;
   uint32_t gen = ++l->share_gen;
-  l->shared_out[mr->mr.rkey] = Link::Shared{gen, slot};
+  const bool readable = ShouldShareReads(mr, l);
+  l->shared_out[mr->mr.rkey] = Link::Shared{gen, slot, readable};
   LinkOwnSlot(l, slot)->busy.store(0, std::memory_order_relaxed);
   LinkOwnSlot(l, slot)->open.store(OpenWord(gen), std::memory_order_seq_cst);
   ShareBody b{};
@@ -250,6 +266,7 @@ void SendShare(Link* l, const Mr* mr) {
   b.mr_len = mr->mr.length;
   OutFrame f;
   f.hdr.type = kFrameShare;
+  if (readable) f.hdr.flags = kFlagReadable;
   f.hdr.rkey = mr->mr.rkey;
   f.hdr.aux = gen;
   f.hdr.imm = static_cast<uint32_t>(slot);
@@ -397,7 +414,15 @@ void MrDropShareLocked(Mr* mr) {
 void MrSyncSharesLocked(Mr* mr, bool gone) {
   for (Link* l : Rt().links) {
     bool want = !gone && ShouldShare(mr, l);
-    bool has = l->shared_out.count(mr->mr.rkey) != 0;
+    auto it = l->shared_out.find(mr->mr.rkey);
+    bool has = it != l->shared_out.end();
+    // Reads allowed or no longer: the share is made anew (the old slot
+    // closed first), so that no READ is copied past its rights.
+    if (want && has && it->second.readable != ShouldShareReads(mr, l)) {
+      SendUnshare(l, mr->mr.rkey);
+      if (l->state != LinkState::kUp) continue;  // the unshare closed the link
+      has = false;
+    }
     if (want && !has) SendShare(l, mr);
     if (!want && has) SendUnshare(l, mr->mr.rkey);
   }
@@ -407,7 +432,9 @@ void LinkSyncSharesLocked(Link* l) {
   std::vector<uint32_t> drop;
   for (auto& [rkey, sh] : l->shared_out) {
     auto mr = Rt().mrs.find(rkey);
-    if (mr == Rt().mrs.end() || !ShouldShare(mr->second, l)) drop.push_back(rkey);
+    if (mr == Rt().mrs.end() || !ShouldShare(mr->second, l) ||
+        sh.readable != ShouldShareReads(mr->second, l))
+      drop.push_back(rkey);
   }
   for (uint32_t rkey : drop) SendUnshare(l, rkey);  // may close the link
   for (auto& [key, mr] : Rt().mrs) {
@@ -415,17 +442,63 @@ void LinkSyncSharesLocked(Link* l) {
   }
 }
 
-Placement LinkPlaceWrite(Link* l, OutFrame* f) {
+namespace {
+
+// Copies between `local` (the frame's pieces) and the peer's MR at
+// `remote`, WRITE (to_remote) or READ, while the share's slot stays open:
+// busy first, then the owner's word (the owner closes first, then waits
+// while busy; one of the two sees the other), and the word again every
+// kPlaceStep bytes: rights taken back mid-copy stop it there (what moved
+// before moved while they were there). False: the slot was closed (the
+// share is forgotten; its UNSHARE is on its way).
+bool CopyUnderSlot(Link* l, uint32_t rkey, const Link::RemoteMr& r,
+                   const SmallVec<iovec, 2>& local, char* remote, bool to_remote) {
+  ShareSlot* slot = LinkPeerSlot(l, r.slot);
+  const uint64_t word = OpenWord(r.gen);
+  slot->busy.store(word, std::memory_order_seq_cst);
+  bool open = slot->open.load(std::memory_order_seq_cst) == word;
+  uint64_t since_check = 0;
+  for (size_t i = 0; open && i < local.size(); ++i) {
+    const iovec& v = local[i];
+    for (size_t off = 0; off < v.iov_len;) {
+      size_t n = std::min<size_t>(v.iov_len - off, kPlaceStep - since_check);
+      char* here = static_cast<char*>(v.iov_base) + off;
+      if (to_remote) memcpy(remote, here, n);
+      else memcpy(here, remote, n);
+      remote += n;
+      off += n;
+      since_check += n;
+      if (since_check == kPlaceStep) {
+        since_check = 0;
+        if (slot->open.load(std::memory_order_seq_cst) != word) {
+          open = false;
+          break;
+        }
+      }
+    }
+  }
+  slot->busy.store(0, std::memory_order_release);
+  if (!open) l->remote_mrs.erase(rkey);
+  return open;
+}
+
+}  // namespace
+
+Placement LinkPlace(Link* l, OutFrame* f) {
   FrameHdr& h = f->hdr;
   const bool asked = l->place_asked;  // the agent was woken for this frame already
   l->place_asked = false;
-  if (h.type != kFrameWrite || (h.flags & kFlagPlaced) || f->sent != 0 || !f->owned.empty() ||
-      h.len < kPlaceMin || h.len > UINT32_MAX || l->remote_mrs.empty())
+  const bool read = h.type == kFrameReadReq;
+  // A WRITE's length is its payload's; a READ's, what it asks for.
+  const uint64_t len = read ? h.aux : h.len;
+  if ((h.type != kFrameWrite && !read) || (h.flags & kFlagPlaced) || f->sent != 0 ||
+      !f->owned.empty() || len < kPlaceMin || len > UINT32_MAX || l->remote_mrs.empty())
     return Placement::kRing;
   auto it = l->remote_mrs.find(h.rkey);
   if (it == l->remote_mrs.end()) return Placement::kRing;
   const Link::RemoteMr& r = it->second;
-  if (h.addr < r.addr || h.addr - r.addr > r.length || h.len > r.length - (h.addr - r.addr))
+  if (read && !r.readable) return Placement::kRing;
+  if (h.addr < r.addr || h.addr - r.addr > r.length || len > r.length - (h.addr - r.addr))
     return Placement::kRing;  // the responder refuses it: let it, through the ring
   if (LinkTxTail(l) < l->ring_write_end)
     return Placement::kRing;  // an earlier WRITE is still in the ring
@@ -434,48 +507,25 @@ Placement LinkPlaceWrite(Link* l, OutFrame* f) {
   // copied all but the first ring's worth of a large WRITE too). Placed in
   // one go: in pieces, letting the runtime's lock go between them, 4 MiB
   // streams moved less (docs/performance.md).
-  if (h.len >= kAgentPlaceMin && !OnAgentThread()) {
+  if (len >= kAgentPlaceMin && !OnAgentThread()) {
     if (!asked) Rt().Wake();
     l->place_asked = true;
     return Placement::kLater;
   }
-  // Busy first, then the owner's word: the owner closes first, then waits
-  // while busy; one of the two sees the other.
-  ShareSlot* slot = LinkPeerSlot(l, r.slot);
-  const uint64_t word = OpenWord(r.gen);
-  slot->busy.store(word, std::memory_order_seq_cst);
-  if (slot->open.load(std::memory_order_seq_cst) != word) {
-    slot->busy.store(0, std::memory_order_release);
-    l->remote_mrs.erase(it);  // closed: the UNSHARE is on its way
-    return Placement::kRing;
-  }
-  // The slot is looked at again every kPlaceStep bytes: rights taken back
-  // mid-copy stop it there (what landed before came while they were
-  // there), and the WRITE goes through the ring, to be refused.
-  char* dst = r.local + (h.addr - r.addr);
-  uint64_t since_check = 0;
-  for (const iovec& v : f->iov) {
-    for (size_t off = 0; off < v.iov_len;) {
-      size_t n = std::min<size_t>(v.iov_len - off, kPlaceStep - since_check);
-      memcpy(dst, static_cast<char*>(v.iov_base) + off, n);
-      dst += n;
-      off += n;
-      since_check += n;
-      if (since_check == kPlaceStep) {
-        since_check = 0;
-        if (slot->open.load(std::memory_order_seq_cst) != word) {
-          slot->busy.store(0, std::memory_order_release);
-          l->remote_mrs.erase(it);
-          return Placement::kRing;
-        }
-      }
-    }
-  }
-  slot->busy.store(0, std::memory_order_release);
+  const uint32_t gen = r.gen;
+  char* remote = r.local + (h.addr - r.addr);
+  if (!CopyUnderSlot(l, h.rkey, r, read ? f->read_into : f->iov, remote, !read))
+    return Placement::kRing;  // closed: the responder refuses it through the ring
   h.flags |= kFlagPlaced;
-  h.aux = static_cast<uint32_t>(h.len);
-  h.pad = static_cast<uint8_t>(r.gen);
-  if (l->qp != nullptr) CountTx(l->qp->device->index, kStatWriteOneCopy, h.len);
+  h.pad = static_cast<uint8_t>(gen);
+  if (read) {
+    l->placed_reads.push_back(h.seq);
+    if (l->qp != nullptr) CountTx(l->qp->device->index, kStatReadOneCopy, len);
+    f->read_into.clear();
+    return Placement::kPlaced;
+  }
+  h.aux = static_cast<uint32_t>(len);
+  if (l->qp != nullptr) CountTx(l->qp->device->index, kStatWriteOneCopy, len);
   h.len = 0;
   f->iov.clear();
   return Placement::kPlaced;
@@ -507,6 +557,7 @@ void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n) {
   const PeerFileRef* file = PeerFile(l, b);
   if (file == nullptr || b.file_off > file->size || b.map_len > file->size - b.file_off) return;
   Link::RemoteMr r;
+  r.readable = (h.flags & kFlagReadable) != 0;
   r.addr = b.mr_addr;
   r.length = b.mr_len;
   r.local = file->at + b.file_off + (b.mr_addr - b.map_base);
@@ -523,12 +574,21 @@ void LinkForgetShares(Link* l) {
   l->remote_mrs.clear();
   l->shared_out.clear();
   l->slots_used = 0;
+  l->placed_reads.clear();
   ReleasePeerFiles(l);
 }
 
-bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen) {
+bool LinkSharedWith(Link* l, uint32_t rkey, uint8_t gen, bool read) {
   auto it = l->shared_out.find(rkey);
-  return it != l->shared_out.end() && static_cast<uint8_t>(it->second.gen) == gen;
+  return it != l->shared_out.end() && static_cast<uint8_t>(it->second.gen) == gen &&
+         (!read || it->second.readable);
+}
+
+bool LinkTakePlacedRead(Link* l, uint64_t seq) {
+  while (!l->placed_reads.empty() && l->placed_reads.front() < seq) l->placed_reads.pop_front();
+  if (l->placed_reads.empty() || l->placed_reads.front() != seq) return false;
+  l->placed_reads.pop_front();
+  return true;
 }
 
 }  // namespace softverbs

@@ -262,7 +262,12 @@ void QueueFramesLocked(Qp* qp) {
         f.hdr.aux = static_cast<uint32_t>(wr.length);
         break;
     }
-    if (wr.opcode != IBV_WR_RDMA_READ) {
+    if (wr.opcode == IBV_WR_RDMA_READ) {
+      // Where the bytes go, should they be copied straight from the
+      // peer's shared MR (sv_onecopy.cc): the WR's memory stays the
+      // application's until the READ completes.
+      f.read_into = SgeIov(wr.sge, wr.length);
+    } else {
       f.hdr.len = wr.length;
       // Moved: a WR goes to the link once (queued), and its completion
       // needs none of its bytes.
@@ -439,8 +444,17 @@ bool QpHandleFrameBegin(Link* l) {
         ProtocolError(l, "read request with payload");
         return true;
       }
+      // A placed READ's bytes were copied by the requester already
+      // (sv_onecopy.cc): it is checked as any READ, and must name a
+      // readable share of ours; its response carries no bytes.
+      const bool placed = (h.flags & kFlagPlaced) != 0;
       char* src = h.aux == 0 ? nullptr
                              : CheckRemote(qp, h.rkey, h.addr, h.aux, IBV_ACCESS_REMOTE_READ);
+      if (placed && src != nullptr && !LinkSharedWith(l, h.rkey, h.pad, true)) src = nullptr;
+      if (placed && h.aux == 0) {
+        ProtocolError(l, "placed read of no bytes");
+        return true;
+      }
       if (h.aux != 0 && src == nullptr) {
         RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);  // first, as for a write
         SendNak(l, h.seq, IBV_WC_REM_ACCESS_ERR);
@@ -452,8 +466,13 @@ bool QpHandleFrameBegin(Link* l) {
       OutFrame f;
       f.hdr.type = kFrameReadResp;
       f.hdr.seq = h.seq;
-      f.hdr.len = h.aux;
-      if (src != nullptr) f.iov.push_back({src, h.aux});
+      if (placed) {
+        f.hdr.flags = kFlagPlaced;
+        f.hdr.aux = h.aux;
+      } else {
+        f.hdr.len = h.aux;
+        if (src != nullptr) f.iov.push_back({src, h.aux});
+      }
       LinkEnqueue(l, std::move(f));
       CountRx(qp->device->index, kStatRead, h.aux);
       return true;
@@ -463,9 +482,19 @@ bool QpHandleFrameBegin(Link* l) {
         ProtocolError(l, "read response for a request never sent");
         return true;
       }
+      // Placed: the bytes are in the READ's memory already; a response
+      // must say so exactly when the READ went so, or a peer could have a
+      // READ completed with none of its bytes.
+      const bool placed = (h.flags & kFlagPlaced) != 0;
+      const bool sent_placed = LinkTakePlacedRead(l, h.seq);
+      if (placed && h.len != 0) {
+        ProtocolError(l, "placed read response with payload");
+        return true;
+      }
+      const uint64_t bytes = placed ? h.aux : h.len;
       AckUpTo(qp, h.seq - 1);
       if (qp->sq.empty() || !qp->sq.front().queued || qp->sq.front().seq != h.seq ||
-          qp->sq.front().opcode != IBV_WR_RDMA_READ || qp->sq.front().length != h.len) {
+          qp->sq.front().opcode != IBV_WR_RDMA_READ || qp->sq.front().length != bytes) {
         if (qp->qp.state == IBV_QPS_ERR) {
           l->in_discard = true;
           return true;
@@ -473,7 +502,12 @@ bool QpHandleFrameBegin(Link* l) {
         ProtocolError(l, "read response for no outstanding read");
         return true;
       }
-      l->in_target = SgeIov(qp->sq.front().sge, h.len);
+      if (placed != sent_placed) {
+        ProtocolError(l, placed ? "placed read response for a read sent for its bytes"
+                                : "read response with bytes for a read copied directly");
+        return true;
+      }
+      if (!placed) l->in_target = SgeIov(qp->sq.front().sge, h.len);
       return true;
     }
     case kFrameAck:
