@@ -5,12 +5,17 @@
 //
 //   small-message round trip: SEND/RECV ping-pong, both sides busy-polling
 //     their CQ, vs a TCP_NODELAY ping-pong with blocking send/recv;
-//   4 MB RDMA WRITE bandwidth into a passive peer (its softverbs agent
-//     serves the writes), vs memcpy of the same 4 MB buffers;
+//   4 MB RDMA WRITE and READ bandwidth against a passive peer (its
+//     softverbs agent serves them), vs memcpy of the same 4 MB buffers:
+//     between heap buffers (softverbs copies each byte twice, into its
+//     shared-memory ring and out) and between buffers that are shared
+//     mappings of a sealed memfd, as grpc-rdma's pool makes them (once,
+//     straight from one process's buffer to the other's);
 //   memory registration: ibv_reg_mr and ibv_dereg_mr of 4 KiB to 64 MiB,
 //     on fresh memory (never touched: registering faults every page in,
 //     as pinning does) and on memory already in use; a second table.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -68,6 +73,8 @@ struct Info {
   uint16_t lid;
   uint64_t addr;
   uint32_t rkey;
+  uint64_t shared_addr;  // the memfd buffer
+  uint32_t shared_rkey;
 };
 
 struct Endpoint {
@@ -77,6 +84,8 @@ struct Endpoint {
   ibv_qp* qp = nullptr;
   ibv_mr* mr = nullptr;
   char* buf = nullptr;
+  ibv_mr* smr = nullptr;  // over sbuf: a shared mapping of a sealed memfd
+  char* sbuf = nullptr;
   size_t size = 0;
   uint16_t lid = 0;
 
@@ -100,12 +109,27 @@ struct Endpoint {
     memset(buf, 1, bytes);
     mr = ibv_reg_mr(pd, buf, bytes,
                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    int fd = memfd_create("softverbs-bench", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0)
+      Die("memfd");
+    void* at = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (at == MAP_FAILED) Die("mmap memfd");
+    close(fd);  // softverbs finds the file through the mapping
+    sbuf = static_cast<char*>(at);
+    memset(sbuf, 1, bytes);
+    smr = ibv_reg_mr(pd, sbuf, bytes,
+                     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (!smr) Die("ibv_reg_mr of the memfd buffer");
     ibv_port_attr port{};
     ibv_query_port(ctx, 1, &port);
     lid = port.lid;
     if (!qp || !mr) Die("verbs setup");
   }
-  Info Mine() const { return {qp->qp_num, lid, reinterpret_cast<uint64_t>(buf), mr->rkey}; }
+  Info Mine() const {
+    return {qp->qp_num, lid, reinterpret_cast<uint64_t>(buf), mr->rkey,
+            reinterpret_cast<uint64_t>(sbuf), smr->rkey};
+  }
   void Connect(const Info& peer) {
     ibv_qp_attr a{};
     a.qp_state = IBV_QPS_INIT;
@@ -118,7 +142,7 @@ struct Endpoint {
     a.qp_state = IBV_QPS_RTR;
     a.path_mtu = IBV_MTU_4096;
     a.dest_qp_num = peer.qpn;
-    a.max_dest_rd_atomic = 1;
+    a.max_dest_rd_atomic = 4;
     a.min_rnr_timer = 1;
     a.ah_attr.dlid = peer.lid;
     a.ah_attr.port_num = 1;
@@ -131,7 +155,7 @@ struct Endpoint {
     a.timeout = 14;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
-    a.max_rd_atomic = 1;
+    a.max_rd_atomic = 4;
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
                                   IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
       Die("RTS");
@@ -143,8 +167,10 @@ struct Endpoint {
     wr.num_sge = 1;
     if (ibv_post_recv(qp, &wr, &bad)) Die("post_recv");
   }
-  void Post(ibv_wr_opcode op, size_t len, bool signaled, uint64_t raddr = 0, uint32_t rkey = 0) {
-    ibv_sge s{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(len), mr->lkey};
+  void Post(ibv_wr_opcode op, size_t len, bool signaled, uint64_t raddr = 0, uint32_t rkey = 0,
+            bool shared = false) {
+    ibv_sge s{reinterpret_cast<uint64_t>(shared ? sbuf : buf), static_cast<uint32_t>(len),
+              shared ? smr->lkey : mr->lkey};
     ibv_send_wr wr{}, *bad;
     wr.sg_list = &s;
     wr.num_sge = 1;
@@ -184,7 +210,7 @@ double Percentile(std::vector<double> v, double p) {
 
 struct VerbsResult {
   std::vector<double> p50_us, p99_us;
-  double write_gbs = 0;
+  double bw_gbs[4] = {};  // WRITE, READ between heap buffers; the same between memfd ones
   double memcpy_gbs = 0;
 };
 
@@ -256,26 +282,32 @@ VerbsResult VerbsClient(int rd, int wr, const Options& o) {
     r.p50_us.push_back(Percentile(us, 0.5));
     r.p99_us.push_back(Percentile(us, 0.99));
   }
-  // 4 MB writes, 4 in flight; the median of kReps runs, each interleaved
-  // with a memcpy run so that both see the same machine.
+  // 4 MB WRITEs and READs, 4 in flight, between heap buffers and between
+  // memfd ones; the median of kReps runs, each interleaved with a memcpy
+  // run so that all see the same machine.
   const size_t kChunk = 4 << 20;
-  std::vector<double> gbs, mem;
+  std::vector<double> gbs[4], mem;
   for (int rep = 0; rep < kReps; ++rep) {
-    auto t0 = Clock::now();
-    int inflight = 0;
-    for (int i = 0; i < o.bw_iters; ++i) {
-      e.Post(IBV_WR_RDMA_WRITE, kChunk, true, peer.addr, peer.rkey);
-      if (++inflight == 4) {
-        e.WaitFor(false);
-        --inflight;
+    for (int k = 0; k < 4; ++k) {
+      const ibv_wr_opcode op = k % 2 == 0 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      const bool shared = k >= 2;
+      auto t0 = Clock::now();
+      int inflight = 0;
+      for (int i = 0; i < o.bw_iters; ++i) {
+        e.Post(op, kChunk, true, shared ? peer.shared_addr : peer.addr,
+               shared ? peer.shared_rkey : peer.rkey, shared);
+        if (++inflight == 4) {
+          e.WaitFor(false);
+          --inflight;
+        }
       }
+      while (inflight-- > 0) e.WaitFor(false);
+      double s = std::chrono::duration<double>(Clock::now() - t0).count();
+      gbs[k].push_back(static_cast<double>(kChunk) * o.bw_iters / s / 1e9);
     }
-    while (inflight-- > 0) e.WaitFor(false);
-    double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    gbs.push_back(static_cast<double>(kChunk) * o.bw_iters / s / 1e9);
     mem.push_back(MemcpyGbs(o.bw_iters));
   }
-  r.write_gbs = Percentile(gbs, 0.5);
+  for (int k = 0; k < 4; ++k) r.bw_gbs[k] = Percentile(gbs[k], 0.5);
   r.memcpy_gbs = Percentile(mem, 0.5);
   char done = 1;
   WriteAll(wr, &done, 1);
@@ -397,7 +429,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "softverbs_bench: --iters must be >= 10 and --bw-iters >= 1\n");
     return 2;
   }
-  fprintf(stderr, "softverbs_bench: round trips (%d per size), then 4 MB writes (%d)...\n",
+  fprintf(stderr, "softverbs_bench: round trips (%d per size), then 4 MB writes and reads (%d)...\n",
           o.iters, o.bw_iters);
   // Two processes: fork before either touches verbs.
   int up[2], down[2];
@@ -427,9 +459,11 @@ int main(int argc, char** argv) {
     printf("| %zu B round trip p99, us (baseline: TCP loopback) | %.2f | %.2f | %.2f |\n",
            o.sizes[i], v.p99_us[i], tcp99[i], v.p99_us[i] / tcp99[i]);
   }
-  printf("| 4 MB RDMA WRITE, GB/s, median of %d (baseline: memcpy 4 MB) | %.2f | %.2f | %.2f |\n",
-         kReps,
-         v.write_gbs, mem, v.write_gbs / mem);
+  const char* kBw[4] = {"WRITE, heap buffers", "READ, heap buffers",
+                        "WRITE, memfd buffers (one copy)", "READ, memfd buffers (one copy)"};
+  for (int k = 0; k < 4; ++k)
+    printf("| 4 MB RDMA %s, GB/s, median of %d (baseline: memcpy 4 MB) | %.2f | %.2f | %.2f |\n",
+           kBw[k], kReps, v.bw_gbs[k], mem, v.bw_gbs[k] / mem);
 
   // Registration, in this process (its own device context).
   int n = 0;
