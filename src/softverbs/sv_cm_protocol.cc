@@ -305,10 +305,13 @@ void DropLink(CmId* id) {
     l->cm = nullptr;
     if (l->qp != nullptr) {
       Qp* qp = l->qp;
-      l->qp = nullptr;
-      qp->link = nullptr;
+      // To error while still on the link: the requests it flushes leave
+      // the link's queue too (QpToErrorLocked), so the pump below sends
+      // nothing from memory the application now has back.
       if (qp->qp.state == IBV_QPS_RTS || qp->qp.state == IBV_QPS_RTR)
         QpToErrorLocked(qp, IBV_WC_WR_FLUSH_ERR);
+      l->qp = nullptr;
+      qp->link = nullptr;
     }
     LinkPump(l);
     LinkKill(l);

@@ -374,6 +374,7 @@ struct Link {
   std::unordered_map<uint32_t, RemoteMr> remote_mrs;
   std::set<std::pair<uint64_t, uint64_t>> peer_files;  // (dev, ino) of files held
   uint64_t ring_write_end = 0;
+  uint64_t ring_data_end = 0;  // the same after the last WRITE or SEND (for READs)
   bool place_asked = false;  // the agent was woken to place the front WRITE or READ
   std::deque<uint64_t> placed_reads;
 };

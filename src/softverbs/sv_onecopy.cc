@@ -27,10 +27,11 @@
 // READs: a share says whether the MR may also be read (kFlagReadable: the
 // MR and the QP allow remote reads). The requester then copies a READ's
 // bytes straight out of the peer's MR into the READ's memory, under the
-// same slot, on the same ordering condition (so it sees every earlier
-// WRITE), and sends the request flagged placed; the responder checks it as
-// any READ, and that it names a readable share of its own, and answers
-// with a response that carries no bytes. Only MRs that allow remote
+// same slot, while its WR is outstanding, once every earlier WRITE and
+// SEND has left the ring (so it sees them), and sends the request flagged
+// placed; the responder checks it as any READ and, if it names a readable
+// share of its own, answers with a response that carries no bytes (else,
+// if the READ is still allowed, with its bytes). Only MRs that allow remote
 // writes are shared at all, so a peer built before READs were placed never
 // places into an MR it may only read.
 #include <dirent.h>
@@ -444,6 +445,16 @@ void LinkSyncSharesLocked(Link* l) {
 
 namespace {
 
+// The READ of `seq` is queued on `qp` and not completed (nor flushed).
+bool ReadOutstanding(const Qp* qp, uint64_t seq) {
+  for (size_t i = 0; i < qp->sq.size(); ++i) {
+    const SendWr& wr = qp->sq[i];
+    if (!wr.queued || wr.seq > seq) break;  // in order: queued ones first, by seq
+    if (wr.seq == seq) return wr.opcode == IBV_WR_RDMA_READ;
+  }
+  return false;
+}
+
 // Copies between `local` (the frame's pieces) and the peer's MR at
 // `remote`, WRITE (to_remote) or READ, while the share's slot stays open:
 // busy first, then the owner's word (the owner closes first, then waits
@@ -494,14 +505,21 @@ Placement LinkPlace(Link* l, OutFrame* f) {
   if ((h.type != kFrameWrite && !read) || (h.flags & kFlagPlaced) || f->sent != 0 ||
       !f->owned.empty() || len < kPlaceMin || len > UINT32_MAX || l->remote_mrs.empty())
     return Placement::kRing;
+  // Only for a QP that still sends (a frame left queued by a QP gone to
+  // error or destroyed goes as before), and a READ only while its WR is
+  // still the application's to complete: its memory is then ours to fill.
+  const Qp* qp = l->qp;
+  if (qp == nullptr || qp->destroyed || qp->qp.state != IBV_QPS_RTS) return Placement::kRing;
+  if (read && !ReadOutstanding(qp, h.seq)) return Placement::kRing;
   auto it = l->remote_mrs.find(h.rkey);
   if (it == l->remote_mrs.end()) return Placement::kRing;
   const Link::RemoteMr& r = it->second;
   if (read && !r.readable) return Placement::kRing;
   if (h.addr < r.addr || h.addr - r.addr > r.length || len > r.length - (h.addr - r.addr))
     return Placement::kRing;  // the responder refuses it: let it, through the ring
-  if (LinkTxTail(l) < l->ring_write_end)
-    return Placement::kRing;  // an earlier WRITE is still in the ring
+  // An earlier WRITE still in the ring (for a READ, a SEND too: it may
+  // land in the bytes read).
+  if (LinkTxTail(l) < (read ? l->ring_data_end : l->ring_write_end)) return Placement::kRing;
   // A large copy is the device's work, as an HCA's DMA is: the agent does
   // it, and the application's thread goes on (through the ring, the agent
   // copied all but the first ring's worth of a large WRITE too). Placed in
@@ -532,8 +550,9 @@ Placement LinkPlace(Link* l, OutFrame* f) {
 }
 
 void LinkFramePumped(Link* l, const OutFrame& f) {
-  if (f.hdr.type == kFrameWrite && !(f.hdr.flags & kFlagPlaced) && f.hdr.len != 0)
-    l->ring_write_end = LinkTxHead(l);
+  if (f.hdr.len == 0) return;
+  if (f.hdr.type == kFrameWrite) l->ring_write_end = l->ring_data_end = LinkTxHead(l);
+  if (f.hdr.type == kFrameSend) l->ring_data_end = LinkTxHead(l);
 }
 
 void LinkHandleShare(Link* l, const FrameHdr& h, const char* body, size_t n) {

@@ -445,13 +445,16 @@ bool QpHandleFrameBegin(Link* l) {
         return true;
       }
       // A placed READ's bytes were copied by the requester already
-      // (sv_onecopy.cc): it is checked as any READ, and must name a
-      // readable share of ours; its response carries no bytes.
-      const bool placed = (h.flags & kFlagPlaced) != 0;
+      // (sv_onecopy.cc): it is checked as any READ, and if it names a
+      // readable share of ours, its response carries no bytes. One whose
+      // share was closed since (its rights changed, though perhaps not
+      // the right to read) but that may still read is answered with its
+      // bytes, as through the ring.
+      bool placed = (h.flags & kFlagPlaced) != 0;
       char* src = h.aux == 0 ? nullptr
                              : CheckRemote(qp, h.rkey, h.addr, h.aux, IBV_ACCESS_REMOTE_READ);
-      if (placed && src != nullptr && !LinkSharedWith(l, h.rkey, h.pad, true)) src = nullptr;
-      if (placed && h.aux == 0) {
+      if (placed && src != nullptr && !LinkSharedWith(l, h.rkey, h.pad, true)) placed = false;
+      if ((h.flags & kFlagPlaced) && h.aux == 0) {
         ProtocolError(l, "placed read of no bytes");
         return true;
       }
@@ -483,8 +486,10 @@ bool QpHandleFrameBegin(Link* l) {
         return true;
       }
       // Placed: the bytes are in the READ's memory already; a response
-      // must say so exactly when the READ went so, or a peer could have a
-      // READ completed with none of its bytes.
+      // may say so only of a READ that went so, or a peer could have a
+      // READ completed with none of its bytes. A response with bytes is
+      // taken for any READ (a placed one whose share closed meanwhile is
+      // answered so; its bytes are written again).
       const bool placed = (h.flags & kFlagPlaced) != 0;
       const bool sent_placed = LinkTakePlacedRead(l, h.seq);
       if (placed && h.len != 0) {
@@ -502,9 +507,8 @@ bool QpHandleFrameBegin(Link* l) {
         ProtocolError(l, "read response for no outstanding read");
         return true;
       }
-      if (placed != sent_placed) {
-        ProtocolError(l, placed ? "placed read response for a read sent for its bytes"
-                                : "read response with bytes for a read copied directly");
+      if (placed && !sent_placed) {
+        ProtocolError(l, "placed read response for a read sent for its bytes");
         return true;
       }
       if (!placed) l->in_target = SgeIov(qp->sq.front().sge, h.len);
