@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "glue/args.h"
@@ -113,6 +114,28 @@ bool MayJoin(const std::shared_ptr<Connection>& conn, const Joins::Tcp& tcp) {
   return tcp.joinable && (tcp.token.empty() || SameToken(conn->join_token(), tcp.token));
 }
 
+// A peer that keeps naming streams with tokens they did not carry (a client
+// misconfigured, or a scan) gets one ERROR line per kRefusalLogEvery, with
+// the count of the refusals not logged since, so that it cannot flood the
+// log; each refusal is traced (GRPC_TRACE=rdma). Whether this one is
+// logged, and how many were not before it.
+constexpr auto kRefusalLogEvery = std::chrono::seconds(10);
+bool RefusalLogDue(uint64_t* unlogged) {
+  static std::mutex mu;
+  static std::chrono::steady_clock::time_point next;
+  static uint64_t skipped = 0;
+  std::lock_guard<std::mutex> g(mu);
+  auto now = std::chrono::steady_clock::now();
+  if (now < next) {
+    ++skipped;
+    return false;
+  }
+  next = now + kRefusalLogEvery;
+  *unlogged = skipped;
+  skipped = 0;
+  return true;
+}
+
 // Without J().mu: an RDMA connection that may not join the stream it names.
 void Refuse(const std::shared_ptr<Connection>& conn, bool joinable) {
   if (conn == nullptr) return;
@@ -123,10 +146,18 @@ void Refuse(const std::shared_ptr<Connection>& conn, bool joinable) {
     conn->Shutdown(absl::UnavailableError("that TCP stream carries no join token"));
     return;
   }
-  gpr_log(GPR_ERROR,
-          "grpc_rdma: refusing an RDMA connection from %s that names the TCP connection from "
-          "%s with a join token that stream did not carry",
-          conn->peer().c_str(), conn->joins().c_str());
+  GRPC_RDMA_TRACE("%s: names the TCP connection from %s with a join token that stream did not "
+                  "carry: refused", conn->peer().c_str(), conn->joins().c_str());
+  uint64_t unlogged = 0;
+  if (RefusalLogDue(&unlogged)) {
+    gpr_log(GPR_ERROR,
+            "grpc_rdma: refusing an RDMA connection from %s that names the TCP connection from "
+            "%s with a join token that stream did not carry%s",
+            conn->peer().c_str(), conn->joins().c_str(),
+            unlogged == 0 ? ""
+                          : (" (and " + std::to_string(unlogged) +
+                             " more since the last such line, not logged)").c_str());
+  }
   conn->Shutdown(absl::PermissionDeniedError("wrong join token"));
 }
 

@@ -8,16 +8,21 @@
 //    is refused at once, and the stream stays joinable with its own token,
 //    also when both came before the stream;
 //  - a plaintext stream that carries no token is joined by no one: one that
-//    names it is closed at once.
+//    names it is closed at once;
+//  - wrong tokens one after another are each refused at once but logged
+//    once per 10 s, not each time.
 // The TCP connections are the test's own sockets, which write what a
 // TF_RDMA_TCP_FIRST client's gRPC writes first: HTTP/2's preface, a SETTINGS
 // frame and the join token's frame (src/glue/switch_endpoint.h).
+#include <grpc/support/log.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
@@ -224,6 +229,49 @@ TEST_F(Join, APlaintextStreamWithoutATokenIsJoinedByNoOne) {
   EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "held for over 30 s";
   EXPECT_LT(o.after.count(), 3000) << "held, not closed at once: " << o.ended;
   (*conn)->Shutdown(absl::CancelledError("test over"));
+}
+
+// gpr_log's lines about refused join tokens in this process, counted from
+// its start (gRPC's log goes through this from before gRPC starts).
+std::atomic<int> g_refusal_lines{0};
+void CountRefusals(gpr_log_func_args* args) {
+  if (strstr(args->message, "refusing an RDMA connection") != nullptr) ++g_refusal_lines;
+  fprintf(stderr, "%s:%d] %s\n", args->file, args->line, args->message);
+}
+const bool g_counting = [] {
+  gpr_set_log_function(CountRefusals);
+  return true;
+}();
+
+TEST_F(Join, WrongTokensOneAfterAnotherAreLoggedOnceNotEachTime) {
+  // A client that keeps trying tokens a stream did not carry (a scan, or
+  // one misconfigured) must not flood the server's log: one ERROR line per
+  // 10 s (src/glue/server.cc), each refusal still at once.
+  ASSERT_TRUE(g_counting);
+  const std::string token = "0123456789abcdef";
+  sockaddr_in tcp = TcpWriting(PrefaceAndSettings() + TokenFrame(token));
+  const int before = g_refusal_lines.load();
+  constexpr int kTries = 6;
+  for (int i = 0; i < kTries; ++i) {
+    auto wrong = ConnectJoining(tcp, "fedcba987654321" + std::to_string(i));
+    ASSERT_TRUE(wrong.ok()) << wrong.status();
+    Outcome o = FirstBytes(*wrong, std::chrono::seconds(30));
+    EXPECT_TRUE(o.bytes.empty()) << "try " << i << ": joined with a wrong token";
+    EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "try " << i << ": not refused";
+    (*wrong)->Shutdown(absl::CancelledError("test over"));
+  }
+  // Two at most: the tries may straddle one 10 s mark on a slow machine.
+  EXPECT_LE(g_refusal_lines.load() - before, 2) << "every refusal was logged";
+  // The first refusal in a process is always logged (this test's, or an
+  // earlier test's in the same process).
+  EXPECT_GE(g_refusal_lines.load(), 1) << "no refusal was ever logged";
+  // The stream is still joinable with its own token.
+  auto right = ConnectJoining(tcp, token);
+  ASSERT_TRUE(right.ok()) << right.status();
+  Outcome o = FirstBytes(*right, std::chrono::seconds(30));
+  ASSERT_TRUE(o.ended.ok()) << "the right token did not join after the wrong ones: " << o.ended;
+  EXPECT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
+  (*right)->Shutdown(absl::CancelledError("test over"));
 }
 
 }  // namespace
