@@ -274,53 +274,40 @@ int ScenarioOneCopyRead(const char* mode) {
         static_cast<unsigned char>(p.src.data[8 + r.len]) != 0xee)
       return Fail("bytes around the read");
   }
-  // A READ sees every WRITE posted before it: a small one (through the
-  // ring), then a READ over it, posted back to back, many times.
-  for (int i = 0; i < 50; ++i) {
-    Fill(p.src.data.data(), 2048, 100 + i);
-    if (PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 0, 2048, 10, 0, m.addr(0), m.mr->rkey) != 0 ||
-        PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 65536, 16384, 11, IBV_SEND_SIGNALED, m.addr(0),
-                 m.mr->rkey) != 0)
-      return Fail("post the pair");
-    auto tx = PollN(p.a.cq, 1);
-    if (tx.size() != 1 || tx[0].status != IBV_WC_SUCCESS) return Fail("the pair");
-    if (!Check(p.src.data.data() + 65536, 2048, 100 + i))
-      return Fail("a READ missed the WRITE posted before it");
-  }
-  // The same after a WRITE copied once (16 KiB): both go without the ring.
-  for (int i = 0; i < 50; ++i) {
-    Fill(p.src.data.data(), 16384, 150 + i);
-    if (PostSend(p.a.qp, IBV_WR_RDMA_WRITE, p.src, 0, 16384, 12, 0, m.addr(0), m.mr->rkey) != 0 ||
-        PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 65536, 16384, 13, IBV_SEND_SIGNALED, m.addr(0),
-                 m.mr->rkey) != 0)
-      return Fail("post the placed pair");
-    auto tx = PollN(p.a.cq, 1);
-    if (tx.size() != 1 || tx[0].status != IBV_WC_SUCCESS) return Fail("the placed pair");
-    if (!Check(p.src.data.data() + 65536, 16384, 150 + i))
-      return Fail("a READ missed the WRITE copied once before it");
-  }
-  // A READ sees a SEND posted before it into a receive buffer in the
-  // region: the SEND (through the ring) lands first.
-  for (int i = 0; i < 20; ++i) {
-    ibv_sge sge{m.addr(0), 2048, m.mr->lkey};
-    ibv_recv_wr rwr{}, *bad = nullptr;
-    rwr.wr_id = 70;
-    rwr.sg_list = &sge;
-    rwr.num_sge = 1;
-    if (ibv_post_recv(p.b.qp, &rwr, &bad) != 0) return Fail("post a receive into the region");
-    Fill(p.src.data.data(), 2048, 30 + i);
-    if (PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 2048, 14, 0) != 0 ||
-        PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 65536, 16384, 15, IBV_SEND_SIGNALED, m.addr(0),
-                 m.mr->rkey) != 0)
-      return Fail("post the send and the read");
-    auto tx = PollN(p.a.cq, 1);
-    auto rx = PollN(p.b.cq, 1);
-    if (tx.size() != 1 || tx[0].status != IBV_WC_SUCCESS || rx.size() != 1 ||
-        rx[0].status != IBV_WC_SUCCESS)
-      return Fail("the send and the read");
-    if (!Check(p.src.data.data() + 65536, 2048, 30 + i))
-      return Fail("a READ missed the SEND posted before it");
-  }
+  // A READ sees every WRITE and SEND posted before it: one (`op`, `len`
+  // bytes) and a READ over it, posted back to back, many times; a SEND
+  // lands in a receive buffer in the region.
+  auto then_read = [&](ibv_wr_opcode op, size_t len, int times, int pattern) -> const char* {
+    for (int i = 0; i < times; ++i) {
+      if (op == IBV_WR_SEND) {
+        ibv_sge sge{m.addr(0), static_cast<uint32_t>(len), m.mr->lkey};
+        ibv_recv_wr rwr{}, *bad = nullptr;
+        rwr.wr_id = 70;
+        rwr.sg_list = &sge;
+        rwr.num_sge = 1;
+        if (ibv_post_recv(p.b.qp, &rwr, &bad) != 0) return "post a receive into the region";
+      }
+      Fill(p.src.data.data(), len, pattern + i);
+      if (PostSend(p.a.qp, op, p.src, 0, len, 10, 0, m.addr(0), m.mr->rkey) != 0 ||
+          PostSend(p.a.qp, IBV_WR_RDMA_READ, p.src, 65536, 16384, 11, IBV_SEND_SIGNALED, m.addr(0),
+                   m.mr->rkey) != 0)
+        return "post the pair";
+      auto tx = PollN(p.a.cq, 1);
+      if (tx.size() != 1 || tx[0].status != IBV_WC_SUCCESS) return "the pair";
+      if (op == IBV_WR_SEND) {
+        auto rx = PollN(p.b.cq, 1);
+        if (rx.size() != 1 || rx[0].status != IBV_WC_SUCCESS) return "the send's receive";
+      }
+      if (!Check(p.src.data.data() + 65536, len, pattern + i))
+        return "a READ missed what was posted before it";
+    }
+    return nullptr;
+  };
+  // A small WRITE (through the ring); one copied once (16 KiB: both go
+  // without the ring); a SEND (through the ring).
+  if (const char* e = then_read(IBV_WR_RDMA_WRITE, 2048, 50, 100)) return Fail(e);
+  if (const char* e = then_read(IBV_WR_RDMA_WRITE, 16384, 50, 150)) return Fail(e);
+  if (const char* e = then_read(IBV_WR_SEND, 2048, 20, 30)) return Fail(e);
   // Reads only (no remote writes): not shared any more, READs go through
   // the ring and still bring the bytes.
   if (ibv_rereg_mr(m.mr, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0,
