@@ -150,13 +150,13 @@ void Refuse(const std::shared_ptr<Connection>& conn, bool joinable) {
                   "carry: refused", conn->peer().c_str(), conn->joins().c_str());
   uint64_t unlogged = 0;
   if (RefusalLogDue(&unlogged)) {
+    std::string more;
+    if (unlogged != 0)
+      more = " (and " + std::to_string(unlogged) + " more since the last such line, not logged)";
     gpr_log(GPR_ERROR,
             "grpc_rdma: refusing an RDMA connection from %s that names the TCP connection from "
             "%s with a join token that stream did not carry%s",
-            conn->peer().c_str(), conn->joins().c_str(),
-            unlogged == 0 ? ""
-                          : (" (and " + std::to_string(unlogged) +
-                             " more since the last such line, not logged)").c_str());
+            conn->peer().c_str(), conn->joins().c_str(), more.c_str());
   }
   conn->Shutdown(absl::PermissionDeniedError("wrong join token"));
 }

@@ -353,9 +353,9 @@ struct Link {
   // process: a grant opened again maps nothing anew), and the ring position
   // after the last WRITE sent through the ring (a WRITE is placed only once
   // the peer has copied that one out, so WRITEs land in order; a READ is
-  // copied directly on the same condition, so it sees every earlier WRITE),
-  // and the sequence numbers of the READs copied so (their responses carry
-  // no bytes), oldest first.
+  // copied directly only once every earlier WRITE and SEND is out, so it
+  // sees them: ring_data_end), and the sequence numbers of the READs copied
+  // so (their responses carry no bytes), oldest first.
   struct RemoteMr {
     uint64_t addr = 0, length = 0;  // the MR, in the peer's addresses
     char* local = nullptr;          // where addr is mapped here

@@ -536,16 +536,15 @@ Placement LinkPlace(Link* l, OutFrame* f) {
     return Placement::kRing;  // closed: the responder refuses it through the ring
   h.flags |= kFlagPlaced;
   h.pad = static_cast<uint8_t>(gen);
+  CountTx(qp->device->index, read ? kStatReadOneCopy : kStatWriteOneCopy, len);
   if (read) {
     l->placed_reads.push_back(h.seq);
-    if (l->qp != nullptr) CountTx(l->qp->device->index, kStatReadOneCopy, len);
     f->read_into.clear();
-    return Placement::kPlaced;
+  } else {
+    h.aux = static_cast<uint32_t>(len);
+    h.len = 0;
+    f->iov.clear();
   }
-  h.aux = static_cast<uint32_t>(len);
-  if (l->qp != nullptr) CountTx(l->qp->device->index, kStatWriteOneCopy, len);
-  h.len = 0;
-  f->iov.clear();
   return Placement::kPlaced;
 }
 

@@ -451,13 +451,13 @@ bool QpHandleFrameBegin(Link* l) {
       // the right to read) but that may still read is answered with its
       // bytes, as through the ring.
       bool placed = (h.flags & kFlagPlaced) != 0;
-      char* src = h.aux == 0 ? nullptr
-                             : CheckRemote(qp, h.rkey, h.addr, h.aux, IBV_ACCESS_REMOTE_READ);
-      if (placed && src != nullptr && !LinkSharedWith(l, h.rkey, h.pad, true)) placed = false;
-      if ((h.flags & kFlagPlaced) && h.aux == 0) {
+      if (placed && h.aux == 0) {
         ProtocolError(l, "placed read of no bytes");
         return true;
       }
+      char* src = h.aux == 0 ? nullptr
+                             : CheckRemote(qp, h.rkey, h.addr, h.aux, IBV_ACCESS_REMOTE_READ);
+      if (placed && src != nullptr && !LinkSharedWith(l, h.rkey, h.pad, true)) placed = false;
       if (h.aux != 0 && src == nullptr) {
         RaiseQpEvent(&qp->qp, IBV_EVENT_QP_ACCESS_ERR);  // first, as for a write
         SendNak(l, h.seq, IBV_WC_REM_ACCESS_ERR);
