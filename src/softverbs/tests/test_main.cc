@@ -22,6 +22,7 @@ int ScenarioOneCopy(const char* mode);
 int ScenarioOneCopyDereg();
 int ScenarioOneCopyQpGone(bool destroy);
 int ScenarioOneCopyRead(const char* mode);
+int ScenarioOneCopyReadFlushed(bool destroy);
 
 #if defined(__SANITIZE_ADDRESS__)
 // ChannelTest.BlockedWaiterCanBeCancelled ends a thread with pthread_cancel;
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
       return strcmp(argv[3], "dereg") == 0     ? ScenarioOneCopyDereg()
              : strcmp(argv[3], "qp-gone") == 0  ? ScenarioOneCopyQpGone(true)
              : strcmp(argv[3], "qp-error") == 0 ? ScenarioOneCopyQpGone(false)
+             : strcmp(argv[3], "read-flush-error") == 0   ? ScenarioOneCopyReadFlushed(false)
+             : strcmp(argv[3], "read-flush-destroy") == 0 ? ScenarioOneCopyReadFlushed(true)
              : strncmp(argv[3], "read", 4) == 0 ? ScenarioOneCopyRead(argv[3])
                                                : ScenarioOneCopy(argv[3]);
     fprintf(stderr, "unknown scenario %s\n", s.c_str());
