@@ -134,6 +134,7 @@ absl::Status ConnImpl::SetupLocked() {
     absl::StatusOr<Mr> mr = RegImplicitOdp(pd_.get());
     if (mr.ok()) {
       odp_mr_ = std::move(*mr);
+      zero_copy_sends_.store(true, std::memory_order_relaxed);
       max_send_sge_ = static_cast<int>(std::min<uint32_t>(a.cap.max_send_sge, kZeroCopySge));
     }
   }
@@ -307,19 +308,27 @@ int ConnImpl::HandleCqLocked(Deferred* d) {
 // ----------------------------------------------------------- application ---
 
 void ConnImpl::Write(absl::Span<const iovec> data, WriteDone done) {
+  Write(data, std::move(done), nullptr);
+}
+
+void ConnImpl::Write(absl::Span<const iovec> data, WriteDone done,
+                     std::shared_ptr<const void> keep) {
   Deferred d;
   {
     std::lock_guard<std::mutex> g(mu_);
     ++writes_called_;
     if (state_ == State::kClosed) {
       d.Done(std::move(done), close_status_);
+      LetGo(std::move(keep), &d);
     } else {
       WriteOp op;
       for (const iovec& v : data) op.total += v.iov_len;
       op.iov.assign(data.begin(), data.end());
       op.done = std::move(done);
+      op.keep = std::move(keep);
       if (op.total == 0) {
         d.Done(std::move(op.done), absl::OkStatus());
+        LetGo(std::move(op.keep), &d);
       } else {
         writes_.push_back(std::move(op));
         if (state_ == State::kUp) PumpLocked(&d);
@@ -516,6 +525,7 @@ void ConnImpl::SettleZeroCopyLocked(Deferred* d) {
   qp_.reset();
   if (id_) id_->qp = nullptr;  // gone: RDMA CM must not touch it
   for (auto& [wr, z] : zc_inflight_) {
+    LetGo(std::move(z->keep), d);
     if (!z->finished || !z->done) continue;
     d->Done(std::move(z->done), z->status.ok() ? close_status_ : z->status);
     z->done = nullptr;  // taken: a moved-from function need not be empty
@@ -559,9 +569,11 @@ void ConnImpl::CloseLocked(absl::Status why, Deferred* d, bool disconnect) {
       op.zc->done = std::move(op.done);
       op.zc->finished = true;
       op.zc->status = close_status_;
+      op.zc->keep = std::move(op.keep);
       continue;
     }
     d->Done(std::move(op.done), close_status_);
+    LetGo(std::move(op.keep), d);
   }
   writes_.clear();
   out_grants_.clear();

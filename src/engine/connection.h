@@ -57,6 +57,11 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
 
   // Connection (each takes mu_).
   void Write(absl::Span<const iovec> data, WriteDone done) override;
+  void Write(absl::Span<const iovec> data, WriteDone done,
+             std::shared_ptr<const void> keep) override;
+  bool zero_copy_sends() const override {
+    return zero_copy_sends_.load(std::memory_order_relaxed);
+  }
   void Read(ReadDone done) override;
   void Shutdown(absl::Status why) override;
   int event_fd() const override { return channel_fd(); }
@@ -174,6 +179,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     int pending = 0;        // zero-copy chunks posted and not completed
     bool finished = false;  // every chunk posted (or the connection closed): done set
     absl::Status status;    // what done reports (a failed chunk, a close)
+    // The write's `keep` once it is wholly posted: its `done` ran then,
+    // and this holds its buffers until the last chunk completes.
+    std::shared_ptr<const void> keep;
   };
   struct WriteOp {
     absl::InlinedVector<iovec, 4> iov;  // gRPC's writes of small messages: 1-3
@@ -182,6 +190,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     bool rts_sent = false;
     WriteDone done;
     std::shared_ptr<ZcWrite> zc;  // set once a chunk goes zero-copy
+    std::shared_ptr<const void> keep;  // Write's `keep`, if any
   };
   struct OutGrant {  // a peer's grant (CTS, or a standing one) for our writes
     uint64_t offset, addr;
@@ -283,6 +292,7 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
   // Implicit on-demand paging MR (TF_RDMA_ZERO_COPY, where the device has
   // it): large chunks go from the writer's own buffers. Empty otherwise.
   Mr odp_mr_;
+  std::atomic<bool> zero_copy_sends_{false};  // odp_mr_ set (read without mu_)
   int max_send_sge_ = 1;
   CompChannel channel_;
   std::atomic<int> channel_fd_{-1};

@@ -13,6 +13,7 @@
 #define GRPC_RDMA_SRC_ENGINE_DEFERRED_H_
 
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,13 @@ class Deferred {
   };
   absl::InlinedVector<Call, 4> calls_;
 };
+
+// A write's `keep` (references on its buffers: Connection::Write), let go
+// once the locks are dropped, since letting go may run the writer's code;
+// nothing when null.
+inline void LetGo(std::shared_ptr<const void> keep, Deferred* d) {
+  if (keep) d->push_back([k = std::move(keep)] {});
+}
 
 }  // namespace grpc_rdma
 

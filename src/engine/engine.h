@@ -113,6 +113,20 @@ class Connection {
   // order after earlier writes. `done` runs once the bytes are out of
   // `data`'s buffers: OK, or UNAVAILABLE if the connection closed first.
   virtual void Write(absl::Span<const iovec> data, WriteDone done) = 0;
+  // The same, with the bytes kept valid by `keep` (references on the
+  // writer's buffers) instead of by the wait for `done`: `done` may then
+  // run once the bytes are posted, before the device has read them, so the
+  // writer goes on while the device moves them; `keep` is let go once the
+  // device reads them no more (outside the connection's lock, on any
+  // thread). Only where zero_copy_sends() does it change anything.
+  virtual void Write(absl::Span<const iovec> data, WriteDone done,
+                     std::shared_ptr<const void> keep) {
+    Write(data, [done = std::move(done), keep = std::move(keep)](absl::Status s) { done(s); });
+  }
+  // Whether large writes may go from the writer's own buffers (zero-copy:
+  // TF_RDMA_ZERO_COPY, and a device with on-demand paging): only then is a
+  // `keep` worth building.
+  virtual bool zero_copy_sends() const { return false; }
   // `done` runs once with the bytes available (at least one), or with
   // UNAVAILABLE when the stream ended (peer closed, died, or Shutdown):
   // always, at the latest when the connection closes. One read at a time:

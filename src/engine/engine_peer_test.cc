@@ -657,6 +657,32 @@ TEST(EnginePeers, AZeroCopyWriteEndsWhenItsEngineGoes) {
       << log.Text();
 }
 
+// A write with a `keep` may be done before the device has read its
+// buffers, which are then held by the `keep` alone: overwritten when it is
+// let go, the reader still gets every original byte (ChildZeroCopyKeep).
+// Made to let `keep` go at the post, it fails (the device read freed
+// memory: the child crashed).
+TEST(EnginePeers, AKeptWriteIsDoneAtThePostAndItsBuffersHeldUntilRead) {
+  StderrCapture log;
+  EXPECT_EQ(RunChildBounded("zero-copy-keep", {"SOFTVERBS_RING_KB=64", "SOFTVERBS_DELAY_US=2000"}),
+            0)
+      << "the step that failed (ChildZeroCopyKeep; 9: bytes changed, 10: not zero-copy, "
+         "12: a keep never let go, 13: no write done before its keep went)\n"
+      << log.Text();
+}
+
+// A kept write in flight when its engine is destroyed: it ends, and its
+// `keep` is let go (no buffer held for good).
+TEST(EnginePeers, AKeptWriteLetsGoWhenItsEngineGoes) {
+  StderrCapture log;
+  EXPECT_EQ(RunChildBounded("zero-copy-keep-shutdown",
+                            {"SOFTVERBS_RING_KB=64", "SOFTVERBS_DELAY_US=20000"}),
+            0)
+      << "the step that failed (ChildZeroCopyKeep; 7: the write never ended, 12: its keep "
+         "was never let go)\n"
+      << log.Text();
+}
+
 // A removed device is a fault on every connection it carried, counted once
 // each, in whichever order its two signs (flushed work, the CM event)
 // arrive: three processes, as the order varies from run to run.
@@ -1361,6 +1387,35 @@ int ChildCutWire() {
   return 0;
 }
 
+// Two engines of this process (both with `o`) and one connection from
+// the client's to the server's: 0, or the step that failed (2: an engine,
+// 3: the listen, 4: the connect, 5: the accept). What the caller's
+// callbacks touch must be declared before its EnginePair, so that the
+// engines go first.
+struct EnginePair {
+  std::unique_ptr<Engine> server, client;
+  std::shared_ptr<Connection> c, s;  // the client's end, the server's
+};
+int MakeEnginePair(const Options& o, EnginePair* p) {
+  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
+  auto se = Engine::Create(o);
+  auto ce = Engine::Create(o);
+  if (!se.ok() || !ce.ok()) return 2;
+  p->server = std::move(*se);
+  p->client = std::move(*ce);
+  auto port = p->server->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
+    acc->set_value(std::move(c));
+  });
+  if (!port.ok()) return 3;
+  auto c = ConnectTo(*p->client, *port);
+  if (!c.ok()) return 4;
+  p->c = std::move(*c);
+  auto af = acc->get_future();
+  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 5;
+  p->s = af.get();
+  return 0;
+}
+
 // Zero-copy sends read the writer's buffer until the write is done, and
 // not after: both ends here, softverbs' rings 64 KiB (so a chunk is read
 // from the buffer in steps, as the receiver frees ring space) and inbound
@@ -1370,20 +1425,10 @@ int ChildCutWire() {
 // chunks went zero-copy. 0 when so; else the step that failed.
 int ChildZeroCopyOverwrite() {
   Options o;  // a 4 MiB write goes in four 1 MiB chunks: zero-copy (kZeroCopyMin)
-  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
   std::shared_ptr<Drain> d;
-  auto se = Engine::Create(o);
-  auto ce = Engine::Create(o);
-  if (!se.ok() || !ce.ok()) return 2;
-  auto port = (*se)->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
-    acc->set_value(std::move(c));
-  });
-  if (!port.ok()) return 3;
-  auto c = ConnectTo(**ce, *port);
-  if (!c.ok()) return 4;
-  auto af = acc->get_future();
-  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 5;
-  auto s = af.get();
+  EnginePair pair;
+  if (int step = MakeEnginePair(o, &pair)) return step;
+  std::shared_ptr<Connection> c = pair.c, s = pair.s;
   const int kWrites = 4;
   const size_t kSize = 4 << 20;
   std::string expect;
@@ -1393,7 +1438,7 @@ int ChildZeroCopyOverwrite() {
     expect += *buf;
     auto wd = std::make_shared<std::promise<absl::Status>>();
     iovec v{buf->data(), buf->size()};
-    (*c)->Write({v}, [wd, buf](absl::Status st) {
+    c->Write({v}, [wd, buf](absl::Status st) {
       memset(buf->data(), 'X', buf->size());  // the writer takes its buffer back
       wd->set_value(st);
     });
@@ -1404,12 +1449,108 @@ int ChildZeroCopyOverwrite() {
   if (d->done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready)
     return 8;
   if (!d->end.ok()) return 11;  // the reader's stream failed
-  uint64_t copied = (*c)->stats().bytes_copied_on_send;
+  uint64_t copied = c->stats().bytes_copied_on_send;
   fprintf(stderr, "zero-copy child: %zu bytes read, %s; %llu bytes copied on send\n",
           d->data.size(), d->data == expect ? "all original" : "CHANGED",
           static_cast<unsigned long long>(copied));
   if (d->data != expect) return 9;
   if (copied > kSize / 4) return 10;  // the chunks were staged, not zero-copy
+  return 0;
+}
+
+// Writes with a `keep` (Connection::Write): done may come once they are
+// posted, and the buffers are then the device's until `keep` goes. Each
+// 4 MiB write's `keep` overwrites its buffer when let go (as a writer
+// that reuses it would); rings 64 KiB and inbound frames held 2 ms keep
+// the chunks in flight past the post. Every byte the reader gets must be
+// the original, every `keep` must go, and at least one write must have
+// been done before its `keep` went (else the keep changed nothing).
+// `shutdown`: one 16 MiB write, and the writer's engine destroyed while
+// its chunks are in flight: done must come (with an error) and `keep` must
+// still go. 0 when so; else the step that failed.
+int ChildZeroCopyKeep(bool shutdown) {
+  Options o;
+  std::shared_ptr<Drain> d;
+  struct Track {
+    std::mutex mu;
+    int kept = 0;          // keeps let go
+    int done_first = 0;    // of those, the ones whose write was done before
+    std::vector<bool> done;
+  };
+  auto t = std::make_shared<Track>();
+  EnginePair pair;
+  if (int step = MakeEnginePair(o, &pair)) return step;
+  std::shared_ptr<Connection> c = pair.c, s = pair.s;
+  if (!c->zero_copy_sends()) return 10;
+  const int kWrites = shutdown ? 1 : 4;
+  const size_t kSize = shutdown ? (16 << 20) : (4 << 20);
+  t->done.assign(kWrites, false);
+  std::string expect;
+  d = std::make_shared<Drain>(s, shutdown ? SIZE_MAX : kSize * kWrites);
+  std::vector<std::future<absl::Status>> dones;
+  for (int i = 0; i < kWrites; ++i) {
+    auto buf = std::make_shared<std::string>(Pattern(kSize, 100 + i));
+    expect += *buf;
+    std::shared_ptr<const void> keep(buf->data(), [buf, t, i](const void*) {
+      std::lock_guard<std::mutex> l(t->mu);
+      memset(buf->data(), 'X', buf->size());  // the writer reuses its buffer
+      ++t->kept;
+      if (t->done[i]) ++t->done_first;
+    });
+    auto wd = std::make_shared<std::promise<absl::Status>>();
+    dones.push_back(wd->get_future());
+    iovec v{buf->data(), buf->size()};
+    c->Write(
+        {v},
+        [wd, t, i](absl::Status st) {
+          {
+            std::lock_guard<std::mutex> l(t->mu);
+            t->done[i] = true;
+          }
+          wd->set_value(st);
+        },
+        std::move(keep));
+  }
+  if (shutdown) {
+    for (int i = 0; i < 1000; ++i) {  // until some of it arrived
+      {
+        std::lock_guard<std::mutex> l(d->mu);
+        if (!d->data.empty()) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (c->stats().bytes_sent == 0) return 6;
+    pair.client.reset();  // the writer's engine goes; `c` is still held
+    if (dones[0].wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 7;
+  } else {
+    for (auto& f : dones) {
+      if (f.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return 6;
+      if (!f.get().ok()) return 7;
+    }
+    if (d->done.get_future().wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+      return 8;
+    if (!d->end.ok()) return 11;
+  }
+  int kept = 0, done_first = 0;
+  for (int i = 0; i < 1000; ++i) {  // the last completions may follow the data
+    {
+      std::lock_guard<std::mutex> l(t->mu);
+      kept = t->kept;
+      done_first = t->done_first;
+    }
+    if (kept == kWrites) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  uint64_t copied = shutdown ? 0 : c->stats().bytes_copied_on_send;
+  fprintf(stderr, "keep child: %d of %d keeps let go, %d after their write was done; %s\n", kept,
+          kWrites, done_first,
+          shutdown ? "engine destroyed mid-write"
+                   : (d->data == expect ? "all bytes original" : "bytes CHANGED"));
+  if (kept != kWrites) return 12;
+  if (shutdown) return 0;
+  if (d->data != expect) return 9;
+  if (copied > kSize / 4) return 10;  // staged, not zero-copy
+  if (done_first == 0) return 13;
   return 0;
 }
 
@@ -1420,25 +1561,15 @@ int ChildZeroCopyOverwrite() {
 int ChildZeroCopyShutdown() {
   Options o;
   // What callbacks touch outlives the engines (declared first).
-  auto acc = std::make_shared<std::promise<std::shared_ptr<Connection>>>();
   std::shared_ptr<Drain> d;
   auto wd = std::make_shared<std::promise<absl::Status>>();
-  auto se = Engine::Create(o);
-  auto ce = Engine::Create(o);
-  if (!se.ok() || !ce.ok()) return 2;
-  auto port = (*se)->Listen(Loopback(0), [acc](std::shared_ptr<Connection> c) {
-    acc->set_value(std::move(c));
-  });
-  if (!port.ok()) return 3;
-  auto c = ConnectTo(**ce, *port);
-  if (!c.ok()) return 4;
-  auto af = acc->get_future();
-  if (af.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 5;
-  auto s = af.get();
+  EnginePair pair;
+  if (int step = MakeEnginePair(o, &pair)) return step;
+  std::shared_ptr<Connection> c = pair.c, s = pair.s;
   d = std::make_shared<Drain>(s, SIZE_MAX);
   auto buf = std::make_shared<std::string>(Pattern(16 << 20, 5));
   iovec v{buf->data(), buf->size()};
-  (*c)->Write({v}, [wd, buf](absl::Status st) { wd->set_value(st); });
+  c->Write({v}, [wd, buf](absl::Status st) { wd->set_value(st); });
   // Until some of it arrived: chunks granted and posted, zero-copy.
   for (int i = 0; i < 1000; ++i) {
     {
@@ -1447,9 +1578,9 @@ int ChildZeroCopyShutdown() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  ConnectionStats st = (*c)->stats();
+  ConnectionStats st = c->stats();
   if (st.bytes_sent == 0) return 6;
-  ce->reset();  // the client's engine goes; `c` is still held
+  pair.client.reset();  // the client's engine goes; `c` is still held
   auto f = wd->get_future();
   if (f.wait_for(std::chrono::seconds(10)) != std::future_status::ready) return 7;
   if (f.get().ok()) return 8;  // it cannot all have landed
@@ -1920,6 +2051,8 @@ int main(int argc, char** argv) {
     if (m == "device-removed") return grpc_rdma::ChildDeviceRemoved();
     if (m == "zero-copy-overwrite") return grpc_rdma::ChildZeroCopyOverwrite();
     if (m == "zero-copy-shutdown") return grpc_rdma::ChildZeroCopyShutdown();
+    if (m == "zero-copy-keep") return grpc_rdma::ChildZeroCopyKeep(false);
+    if (m == "zero-copy-keep-shutdown") return grpc_rdma::ChildZeroCopyKeep(true);
     if (m == "addr-change") return grpc_rdma::ChildAddrChange();
     if (m == "two-devices") return grpc_rdma::ChildTwoDevices();
     if (m == "memlock-receiver") return grpc_rdma::ChildMemlockReceiver(port);

@@ -218,7 +218,13 @@ void ConnImpl::ChunkWrittenLocked(WriteOp& op, uint32_t len, Deferred* d) {
 
 void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
   WriteOp& op = writes_.front();
-  if (op.zc != nullptr) {
+  if (op.zc != nullptr && op.keep != nullptr && op.zc->pending > 0) {
+    // `keep` holds the bytes the device still reads: the writer goes on
+    // now, and the last chunk's completion lets `keep` go.
+    op.zc->finished = true;
+    op.zc->keep = std::move(op.keep);
+    d->Done(std::move(op.done), absl::OkStatus());
+  } else if (op.zc != nullptr) {
     op.zc->done = std::move(op.done);
     op.zc->finished = true;
     if (op.zc->pending == 0) {  // its zero-copy chunks completed already
@@ -228,6 +234,7 @@ void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
   } else {
     d->Done(std::move(op.done), absl::OkStatus());
   }
+  LetGo(std::move(op.keep), d);
   writes_.pop_front();
 }
 
@@ -238,7 +245,9 @@ void ConnImpl::ZeroCopyDoneLocked(uint64_t wr_id, bool ok, Deferred* d) {
   zc_inflight_.erase(it);
   if (!ok && z->status.ok())
     z->status = state_ == State::kClosed ? close_status_ : absl::UnavailableError("RDMA write failed");
-  if (--z->pending > 0 || !z->finished || !z->done) return;
+  if (--z->pending > 0) return;
+  LetGo(std::move(z->keep), d);  // set only once finished: nothing more to post
+  if (!z->finished || !z->done) return;
   d->Done(std::move(z->done), z->status);
   z->done = nullptr;  // taken: a moved-from function need not be empty
 }

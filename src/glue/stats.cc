@@ -12,7 +12,7 @@ namespace {
 struct Open {
   std::weak_ptr<Connection> conn;
   std::string device;
-  const std::atomic<uint64_t>* endpoint_copies = nullptr;
+  const EndpointCopies* endpoint_copies = nullptr;
   std::chrono::steady_clock::time_point since;
 };
 
@@ -29,9 +29,12 @@ Registry& R() {
 }
 
 // One connection's counts as its device will sum them.
-StreamStats CountsOf(Connection& c, const std::atomic<uint64_t>* endpoint_copies) {
+StreamStats CountsOf(Connection& c, const EndpointCopies* endpoint_copies) {
   StreamStats s = c.stats();
-  if (endpoint_copies != nullptr) s.bytes_copied_on_receive += endpoint_copies->load();
+  if (endpoint_copies != nullptr) {
+    s.bytes_copied_on_receive += endpoint_copies->received.load();
+    s.bytes_copied_on_send += endpoint_copies->sent.load();
+  }
   return s;
 }
 
@@ -42,8 +45,7 @@ Counters& GlobalCounters() {
   return *c;
 }
 
-void TrackConnection(const std::shared_ptr<Connection>& c,
-                     const std::atomic<uint64_t>* endpoint_copies) {
+void TrackConnection(const std::shared_ptr<Connection>& c, const EndpointCopies* endpoint_copies) {
   std::string device = c->device();
   if (device.empty()) device = "?";
   std::lock_guard<std::mutex> g(R().mu);

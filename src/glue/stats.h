@@ -29,13 +29,19 @@ struct Counters {
 
 Counters& GlobalCounters();
 
-// Open RDMA connections register here, with the endpoint's count of bytes
-// it copied out of the connection's chunks (read until Untrack); a closed
-// one's counts move to its device's totals in the same step, so a snapshot
-// never counts a connection twice or not at all. Untrack after Shutdown:
-// the counts are then final.
-void TrackConnection(const std::shared_ptr<Connection>& c,
-                     const std::atomic<uint64_t>* endpoint_copies);
+// Bytes an endpoint copied besides its connection's own counts: received
+// chunks copied into gRPC slices, and pieces of large writes copied to be
+// kept for the device (endpoint.cc, WriteKeep).
+struct EndpointCopies {
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> sent{0};
+};
+
+// Open RDMA connections register here, with the endpoint's copies (read
+// until Untrack); a closed one's counts move to its device's totals in the
+// same step, so a snapshot never counts a connection twice or not at all.
+// Untrack after Shutdown: the counts are then final.
+void TrackConnection(const std::shared_ptr<Connection>& c, const EndpointCopies* endpoint_copies);
 void UntrackConnection(const Connection* c);
 
 // Per device (by name) and summed: closed connections' totals plus the
