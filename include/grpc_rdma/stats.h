@@ -33,7 +33,9 @@
   X(memory_waits, "times writes waited for pinned memory (TF_RDMA_BUF_SIZE)")            \
   X(connection_errors, "connections closed by a fault: peer broke the protocol, "         \
                        "completion or device error, grants left unwritten, failed post "   \
-                       "(at the top level also those that failed before gRPC got them)")
+                       "(at the top level also those that failed before gRPC got them)")  \
+  X(writes_kept, "large writes given back to gRPC once posted, its buffers held for the " \
+                 "device until it has read them (zero-copy)")
 
 // X(name, what): counters of the whole process.
 #define GRPC_RDMA_PROCESS_COUNTERS(X)                                                     \

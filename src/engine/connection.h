@@ -179,8 +179,9 @@ class ConnImpl : public Connection, public std::enable_shared_from_this<ConnImpl
     int pending = 0;        // zero-copy chunks posted and not completed
     bool finished = false;  // every chunk posted (or the connection closed): done set
     absl::Status status;    // what done reports (a failed chunk, a close)
-    // The write's `keep` once it is wholly posted: its `done` ran then,
-    // and this holds its buffers until the last chunk completes.
+    // The write's `keep` once it is wholly posted (its `done` ran then) or
+    // closed with chunks out: this holds its buffers until the last chunk
+    // completes or flushes.
     std::shared_ptr<const void> keep;
   };
   struct WriteOp {

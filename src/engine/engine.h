@@ -118,7 +118,9 @@ class Connection {
   // run once the bytes are posted, before the device has read them, so the
   // writer goes on while the device moves them; `keep` is let go once the
   // device reads them no more (outside the connection's lock, on any
-  // thread). Only where zero_copy_sends() does it change anything.
+  // thread). Only where zero_copy_sends() does it change anything. A
+  // chunk that fails after `done` ran OK fails the connection (as a TCP
+  // write the kernel took and could not deliver).
   virtual void Write(absl::Span<const iovec> data, WriteDone done,
                      std::shared_ptr<const void> keep) {
     Write(data, [done = std::move(done), keep = std::move(keep)](absl::Status s) { done(s); });

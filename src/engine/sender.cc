@@ -136,6 +136,7 @@ bool ConnImpl::SendEagerLocked(Deferred* d) {
     ++ops;
     if (op.copied < op.total) break;
     d->Done(std::move(op.done), absl::OkStatus());
+    LetGo(std::move(op.keep), d);  // not under mu_: letting go may run the writer's code
     writes_.pop_front();
   }
   wire::Header h{};
@@ -223,6 +224,7 @@ void ConnImpl::FinishHeadWriteLocked(Deferred* d) {
     // now, and the last chunk's completion lets `keep` go.
     op.zc->finished = true;
     op.zc->keep = std::move(op.keep);
+    ++stats_.writes_kept;
     d->Done(std::move(op.done), absl::OkStatus());
   } else if (op.zc != nullptr) {
     op.zc->done = std::move(op.done);

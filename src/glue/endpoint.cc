@@ -254,13 +254,14 @@ void EpWrite(grpc_endpoint* ep, grpc_slice_buffer* slices, grpc_closure* cb, voi
   NoteRdmaActivity();  // the answer is due soon: gRPC's poller may spin for it
   auto done = [cb](absl::Status s) { RunClosure(cb, s.ok() ? absl::OkStatus() : ToGrpcError(s)); };
   absl::InlinedVector<iovec, 8> iov;  // the engine copies it: no heap for small writes
+  const bool large = slices->length >= kKeptWriteMin && conn->zero_copy_sends();
   size_t to_copy = 0;
-  if (slices->length >= kKeptWriteMin && conn->zero_copy_sends()) {
+  if (large) {
     for (size_t i = 0; i < slices->count; ++i) {
       if (!HasOwnReference(slices->slices[i])) to_copy += GRPC_SLICE_LENGTH(slices->slices[i]);
     }
   }
-  if (slices->length < kKeptWriteMin || !conn->zero_copy_sends() || to_copy > kKeptCopyMax) {
+  if (!large || to_copy > kKeptCopyMax) {
     for (size_t i = 0; i < slices->count; ++i) {
       size_t n = GRPC_SLICE_LENGTH(slices->slices[i]);
       if (n > 0) iov.push_back({GRPC_SLICE_START_PTR(slices->slices[i]), n});
