@@ -25,7 +25,10 @@ if [ -z "$port" ]; then
   echo "greeter server did not start:"; cat "$tmp/server.out"
   echo "0 passed, 1 failed"; exit 1
 fi
-TF_RDMA_STATS="$tmp/client.stats" $run "$build/examples/greeter/greeter_client" \
+# One call and out: by default (TF_RDMA_TCP_FIRST on) it would ride TCP
+# while RDMA CM connects beside it, and the client would exit before its
+# connection moved. Waiting for RDMA CM shows the call riding RDMA.
+TF_RDMA_TCP_FIRST=0 TF_RDMA_STATS="$tmp/client.stats" $run "$build/examples/greeter/greeter_client" \
   "127.0.0.1:$port" RDMA >"$tmp/client.out" 2>&1
 rc=$?
 echo "client: $(cat "$tmp/client.out")"

@@ -103,14 +103,14 @@ struct Options {
   // in and given back every time (said in the log; left alone when the
   // process set glibc's malloc tunables itself or runs another malloc).
   bool malloc_tune = true;
-  // TF_RDMA_TCP_FIRST: a new connection starts on TCP, so its first calls
-  // wait for TCP's connect only, and moves to RDMA once RDMA CM has set up
-  // an RDMA connection beside it (each direction at a byte boundary both
-  // sides agree on; docs/design.md). Off: a connection waits for RDMA CM
-  // (or its failure) before its first byte, as before. Ignored, as off,
-  // with TF_RDMA_FALLBACK=none. A server joins such connections only with
-  // it on.
-  bool tcp_first = false;
+  // TF_RDMA_TCP_FIRST (on by default): a new connection starts on TCP, so
+  // its first calls wait for TCP's connect only, and moves to RDMA once RDMA
+  // CM has set up an RDMA connection beside it (each direction at a byte
+  // boundary both sides agree on; docs/design.md). Off: a connection waits
+  // for RDMA CM (or its failure) before its first byte. Ignored, as off,
+  // with TF_RDMA_FALLBACK=none, and for an address whose server joined none
+  // lately. A server joins such connections only with it on.
+  bool tcp_first = true;
 };
 
 }  // namespace grpc_rdma

@@ -48,6 +48,9 @@
   X(fallbacks_remembered, "client connections sent to TCP at once (TF_RDMA_FALLBACK_TTL_S)") \
   X(tcp_first_moved, "client connections that started on TCP and moved to RDMA "          \
                      "(TF_RDMA_TCP_FIRST)")                                                \
+  X(tcp_first_unjoined, "client connections that started on TCP whose server joined no "  \
+                        "RDMA connection to them: they stay on TCP, and the address's "    \
+                        "next connections start on RDMA (TF_RDMA_FALLBACK_TTL_S)")        \
   X(connections_refused, "RDMA connection requests this process refused")                 \
   X(pinned_bytes, "registered (pinned) memory in use now, bytes")                         \
   X(grpc_thread_polls, "times a gRPC thread handled RDMA completions itself")            \

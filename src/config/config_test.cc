@@ -38,6 +38,10 @@ TEST(Options, DefaultsAreRdmaTensorFlows) {
   EXPECT_EQ(o->stats_dump, "");
   EXPECT_EQ(o->stats_interval_s, 0);
   EXPECT_TRUE(o->malloc_tune);
+  EXPECT_TRUE(o->tcp_first) << "a first call waits for TCP's connect only, by default";
+  auto rdma_first = ParseOptions(Env({{"TF_RDMA_TCP_FIRST", "0"}}));
+  ASSERT_TRUE(rdma_first.ok()) << rdma_first.status();
+  EXPECT_FALSE(rdma_first->tcp_first);
 }
 
 // TF_RDMA_MALLOC_TUNE: tunes glibc's malloc unless turned off, unless the

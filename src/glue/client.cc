@@ -111,14 +111,17 @@ void StartRdmaBeside(Attempt* a) {
         if (grpc_core::ExecCtx::Get() == nullptr) exec_ctx.emplace();
         if (r.ok()) {
           // Connected, which says little yet: a server that joins none
-          // closes it, and the endpoint drops it (on_dropped).
-          SetOnDropped(sw, [key, started] {
+          // closes it, and the endpoint drops it (on_dropped). RDMA CM
+          // reached it, so its address has RDMA: the next connections to
+          // it start there, not on TCP.
+          SetOnDropped(sw, [key] {
             GlobalCounters().fallbacks.fetch_add(1);
-            bool remembered = Runtime::Get()->RememberFailure(key, started);
+            GlobalCounters().tcp_first_unjoined.fetch_add(1);
+            Runtime::Get()->RememberUnjoined(key);
             GRPC_RDMA_TRACE("%s: the server did not join RDMA to the TCP connection: it stays "
-                            "on TCP%s",
-                            key.c_str(),
-                            remembered ? "; TCP only for it for TF_RDMA_FALLBACK_TTL_S" : "");
+                            "on TCP; the address's next connections start on RDMA "
+                            "(TF_RDMA_FALLBACK_TTL_S)",
+                            key.c_str());
           });
           AttachRdma(sw, std::move(*r));  // tcp_first_moved counts once it moves
           return;
@@ -266,11 +269,14 @@ int64_t Connect(grpc_closure* on_connect, grpc_endpoint** endpoint,
   // none lately.
   bool remembered = engine != nullptr && a->settings.fallback == Fallback::kTcp &&
                     rt->RecentlyFailed(a->key);
+  // A server that joined none of our TCP-first connections lately: this
+  // one starts on RDMA.
+  bool unjoined = engine != nullptr && a->settings.tcp_first && rt->RecentlyUnjoined(a->key);
   {
     std::lock_guard<std::mutex> g(P().mu);
     P().attempts[a->handle] = a;
     a->tcp_first = engine != nullptr && !remembered && a->settings.tcp_first &&
-                   a->settings.fallback == Fallback::kTcp;
+                   a->settings.fallback == Fallback::kTcp && !unjoined;
     if (engine == nullptr || remembered || left_ms <= 0 || a->tcp_first) {
       a->remembered = remembered;
       if (remembered) GlobalCounters().fallbacks_remembered.fetch_add(1);

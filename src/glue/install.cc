@@ -231,6 +231,24 @@ void Runtime::ForgetFailure(const std::string& key) {
   failed_.erase(key);
 }
 
+bool Runtime::RecentlyUnjoined(const std::string& key) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = unjoined_.find(key);
+  if (it == unjoined_.end()) return false;
+  if (std::chrono::steady_clock::now() - it->second >=
+      std::chrono::seconds(options_.fallback_ttl_s)) {
+    unjoined_.erase(it);
+    return false;
+  }
+  return true;
+}
+
+void Runtime::RememberUnjoined(const std::string& key) {
+  if (options_.fallback_ttl_s == 0) return;
+  std::lock_guard<std::mutex> g(mu_);
+  unjoined_[key] = std::chrono::steady_clock::now();
+}
+
 bool ToIpv4(const grpc_resolved_address* addr, sockaddr_in* out) {
   const auto* sa = reinterpret_cast<const sockaddr*>(addr->addr);
   if (sa->sa_family == AF_INET && addr->len >= sizeof(sockaddr_in)) {
@@ -323,6 +341,7 @@ Stats GetStats() {
   s.fallbacks = c.fallbacks;
   s.fallbacks_remembered = c.fallbacks_remembered;
   s.tcp_first_moved = c.tcp_first_moved;
+  s.tcp_first_unjoined = c.tcp_first_unjoined;
   s.grpc_poller_spins = PollerSpins();
   s.grpc_poller_spin_hits = PollerSpinHits();
   s.grpc_poller_spin_polls = PollerSpinPolls();

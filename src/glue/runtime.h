@@ -63,6 +63,13 @@ class Runtime {
   bool RememberFailure(const std::string& key, std::chrono::steady_clock::time_point tried);
   void ForgetFailure(const std::string& key);
 
+  // A server that listens on RDMA CM but joined no TCP-first connection of
+  // ours (its TF_RDMA_TCP_FIRST off, or a grpc-rdma from before joins):
+  // its address's next connections start on RDMA instead, for
+  // TF_RDMA_FALLBACK_TTL_S seconds (0: not remembered).
+  bool RecentlyUnjoined(const std::string& key);
+  void RememberUnjoined(const std::string& key);
+
   grpc_tcp_client_vtable* tcp_client() const { return tcp_client_; }
   grpc_tcp_server_vtable* tcp_server() const { return tcp_server_; }
 
@@ -82,6 +89,7 @@ class Runtime {
     bool confirmed;                              // twice: remembered
   };
   std::map<std::string, Failure> failed_;
+  std::map<std::string, std::chrono::steady_clock::time_point> unjoined_;  // when seen
 };
 
 // Spinning in gRPC's poller thread (grpc_polling.cc): RDMA activity

@@ -22,6 +22,7 @@ struct Counters {
   std::atomic<uint64_t> rdma_client{0}, rdma_server{0}, tcp_client{0}, tcp_server{0};
   std::atomic<uint64_t> rdma_open{0}, fallbacks{0}, fallbacks_remembered{0};
   std::atomic<uint64_t> tcp_first_moved{0};
+  std::atomic<uint64_t> tcp_first_unjoined{0};
   // RDMA endpoints gRPC shut down and has not destroyed (yet): their
   // connections are let go already (src/glue/endpoint.cc, Release).
   std::atomic<uint64_t> rdma_shut_down_held{0};

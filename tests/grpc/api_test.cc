@@ -124,9 +124,12 @@ TEST(ApiTest, InstalledCarriesRpcsOverRdma) {
   auto server = grpc_rdma_test::StartEchoServer("127.0.0.1:0", &port, &service);
   ASSERT_NE(server, nullptr);
   grpc_rdma::Stats before = grpc_rdma::GetStats();
+  // One call, checked to ride RDMA: the channel waits for RDMA CM instead
+  // of starting on TCP (the default, whose first calls ride TCP).
+  grpc::ChannelArguments args = grpc_rdma_test::BigMessageArgs();
+  args.SetInt(GRPC_RDMA_ARG_TCP_FIRST, 0);
   auto stub = grpc_rdma::test::Echo::NewStub(grpc::CreateCustomChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(),
-      grpc_rdma_test::BigMessageArgs()));
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
   grpc_rdma::test::Blob req, resp;
   req.set_data(grpc_rdma_test::Pattern(1 << 20, 5));
   grpc::ClientContext ctx;

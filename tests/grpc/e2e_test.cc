@@ -516,9 +516,14 @@ std::unique_ptr<grpc::Server> StartTcpOnlyServer(EchoService* service, int* port
 // calls on it: Call(i) echoes `size` bytes (seeded by `seed` + i) and says
 // whether they came back intact.
 struct TcpFirstClient {
-  TcpFirstClient(int port, size_t size, uint32_t seed) : size(size), seed(seed) {
+  // `channel`: a channel argument gRPC ignores, so that clients told
+  // apart by it get connections of their own (gRPC shares one between
+  // channels of the same target and arguments).
+  TcpFirstClient(int port, size_t size, uint32_t seed, int channel = 0)
+      : size(size), seed(seed) {
     grpc::ChannelArguments args = BigMessageArgs();
     args.SetInt("grpc.rdma.tcp_first", 1);
+    args.SetInt("grpc_rdma.test.channel", channel);
     stub = Echo::NewStub(grpc::CreateCustomChannel(
         "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), args));
   }
@@ -536,8 +541,9 @@ struct TcpFirstClient {
 };
 
 // A TCP-first channel to a server that listens on RDMA CM but does not
-// join TCP connections (its own TF_RDMA_TCP_FIRST off, as by default): the
-// server closes the RDMA connection, and the channel's calls ride TCP.
+// join TCP connections (its own TF_RDMA_TCP_FIRST off, as in this suite):
+// the server closes the RDMA connection, and the channel's calls ride TCP.
+// The next channel to that address starts on RDMA.
 TEST_F(E2eTest, ATcpFirstChannelToAServerThatJoinsNoneStaysOnTcp) {
   TcpFirstClient client(port_, 3000, 700);
   auto call = [&](int i) { return client.Call(i); };
@@ -553,9 +559,54 @@ TEST_F(E2eTest, ATcpFirstChannelToAServerThatJoinsNoneStaysOnTcp) {
   EXPECT_EQ(RdmaStats()["rdma_connections_open"], 0) << "the refused RDMA connection is held";
   for (int j = 0; j < 20; ++j) ASSERT_TRUE(call(i++));
   EXPECT_EQ(Delta("tcp_first_moved"), 0);
-  EXPECT_EQ(Delta("fallbacks"), 1) << "the refused join is a fallback, noted for the address";
+  EXPECT_EQ(Delta("fallbacks"), 1) << "the refused join is a fallback";
+  EXPECT_EQ(Delta("tcp_first_unjoined"), 1);
   EXPECT_EQ(Delta("rdma_server_connections"), 0) << "the server joined it";
-  EXPECT_GE(Delta("tcp_client_connections"), 1);
+  EXPECT_EQ(Delta("tcp_client_connections"), 1);
+  // RDMA CM reached that server: a new channel to it waits for RDMA
+  // instead of starting on TCP again, and its first call rides RDMA.
+  int64_t rdma_before = Delta("rdma_client_connections");  // the refused one's
+  TcpFirstClient next(port_, 3000, 900, /*channel=*/1);
+  ASSERT_TRUE(next.Call(0));
+  EXPECT_EQ(Delta("tcp_client_connections"), 1) << "the next channel started on TCP again";
+  EXPECT_EQ(Delta("rdma_client_connections"), rdma_before + 1);
+  EXPECT_EQ(Delta("rdma_server_connections"), 1);
+  EXPECT_EQ(Delta("tcp_first_unjoined"), 1);
+  EXPECT_EQ(Delta("fallbacks"), 1);
+}
+
+// The defaults (grpc.e2e.defaults runs this suite with no TF_RDMA_*
+// variable): a channel's connection starts on TCP, the server joins it,
+// and it moves to RDMA while calls run; every call checked byte for byte.
+class E2eDefaults : public E2eTest {};
+
+TEST_F(E2eDefaults, AChannelStartsOnTcpAndMovesToRdma) {
+  ASSERT_EQ(getenv("TF_RDMA_TCP_FIRST"), nullptr) << "run with the defaults (grpc.e2e.defaults)";
+  auto stub = NewStub();
+  auto call = [&](int i) {
+    Blob req, resp;
+    req.set_data(Pattern(static_cast<size_t>(1) << (i % 21), 300 + static_cast<uint32_t>(i)));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + std::chrono::seconds(20));
+    grpc::Status s = stub->Unary(&ctx, req, &resp);
+    return s.ok() && resp.data() == req.data();
+  };
+  ASSERT_TRUE(call(0));
+  EXPECT_EQ(Delta("tcp_client_connections"), 1) << "the first call did not start on TCP";
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  int i = 1;
+  while (Delta("tcp_first_moved") < 1 && std::chrono::steady_clock::now() < until) {
+    ASSERT_TRUE(call(i++)) << "call " << i - 1;
+  }
+  ASSERT_EQ(Delta("tcp_first_moved"), 1) << "the connection never moved to RDMA in 20 s";
+  int64_t sent = Delta("bytes_sent");
+  for (int j = 0; j < 42; ++j) ASSERT_TRUE(call(i++)) << "call " << i - 1;
+  EXPECT_GE(Delta("bytes_sent") - sent, int64_t{1} << 21) << "the calls after the move skipped RDMA";
+  EXPECT_EQ(Delta("tcp_client_connections"), 1);
+  EXPECT_EQ(Delta("rdma_client_connections"), 1);
+  EXPECT_EQ(Delta("rdma_server_connections"), 1) << "the server joined it";
+  EXPECT_EQ(Delta("fallbacks"), 0);
+  EXPECT_EQ(Delta("tcp_first_unjoined"), 0);
 }
 
 // A TCP-first channel to a server that does not listen on RDMA CM: its

@@ -52,7 +52,7 @@
 #              finds it by polling the connection's CQ, left disarmed
 #              while it spins (grpc_poller_spin_polls); with
 #              TF_RDMA_SPIN_US=0 on both, never
-#   tcp-first  TF_RDMA_TCP_FIRST=1 on both sides: ping-pong rounds until a
+#   tcp-first  the defaults (TF_RDMA_TCP_FIRST on) on both sides: ping-pong rounds until a
 #              channel that started on TCP moved to RDMA (the client's join
 #              token read by the server from its TCP stream), every byte
 #              checked, no fallback
@@ -133,9 +133,14 @@ expect() {
 
 # side_env ROLE PLUGIN(1|0) [VAR=VALUE...]: the command prefix of one side
 # (its environment and the softverbs launcher, preloading the plugin).
+# The cases check what rode RDMA from a channel's first call, so their
+# clients wait for RDMA CM (TF_RDMA_TCP_FIRST=0), unless a case sets
+# DEFAULTS=1 (the tcp-first cases: the plugin's defaults on both sides).
+DEFAULTS=0
 side_env() {
-  local role=$1 plugin=$2; shift 2
-  SIDE_ENV=(env "TF_RDMA_STATS=$TMP/$role.stats" "$@" "$RUN")
+  local role=$1 plugin=$2 first=(); shift 2
+  [ "$DEFAULTS" = 1 ] || first=(TF_RDMA_TCP_FIRST=0)
+  SIDE_ENV=(env -u TF_RDMA_TCP_FIRST "TF_RDMA_STATS=$TMP/$role.stats" "${first[@]}" "$@" "$RUN")
   [ "$plugin" = 1 ] && SIDE_ENV+=(--preload "$LIB")
 }
 
@@ -301,9 +306,10 @@ case "$CASE" in
       SERVER_TLS="--tls $TMP/server.pem $TMP/server.key"
       TOOL_EXTRA=(--tls "$TMP/ca.pem" echo.test)
     fi
-    start_server "" 127.0.0.1 1 TF_RDMA_TCP_FIRST=1 && {
+    DEFAULTS=1
+    start_server "" 127.0.0.1 1 && {
       for _ in $(seq 1 20); do
-        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 300 TF_RDMA_TCP_FIRST=1 || break
+        call_tool "" 127.0.0.1 pingpong "127.0.0.1:$PORT" 300 || break
         # Each round's stats replace the last's: a fallback is caught here.
         expect "$C" fallbacks eq 0
         [ "$(stat "$C" tcp_first_moved)" -ge 1 ] 2>/dev/null && break

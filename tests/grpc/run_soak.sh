@@ -74,6 +74,9 @@ esac
 SERVER_TOOL=$BUILD/tests/grpc/echo_tool
 CLIENT_TOOL=$BUILD/tests/grpc/soak_client
 LIB=$BUILD/src/glue/libgrpc_rdma.so
+# It checks that every connection rides RDMA from its start, after each
+# restart too: its clients wait for RDMA CM instead of starting on TCP.
+export TF_RDMA_TCP_FIRST=0
 RUN=$BUILD/softverbs/softverbs-run
 for f in "$SERVER_TOOL" "$CLIENT_TOOL" "$LIB" "$RUN"; do
   [ -e "$f" ] || { echo "FAIL soak: $f is missing (build the tree first)"; exit 1; }

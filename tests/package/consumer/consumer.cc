@@ -67,8 +67,12 @@ int main() {
     std::cerr << "consumer: the server did not start\n";
     return 1;
   }
-  auto channel =
-      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  // One call, checked to ride RDMA: the channel waits for RDMA CM instead
+  // of starting on TCP (the default, whose first calls ride TCP).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_RDMA_ARG_TCP_FIRST, 0);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(port),
+                                           grpc::InsecureChannelCredentials(), args);
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
