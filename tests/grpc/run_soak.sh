@@ -6,7 +6,7 @@
 #
 # usage: run_soak.sh --build BUILD_DIR [--seconds S] [--quiet Q]
 #                    [--fault-every F] [--faults LIST] [--workers N] [--seed X]
-#                    [--netns]
+#                    [--netns] [--defaults]
 #   --seconds      how long the client runs (default 60)
 #   --quiet        the last Q seconds have no server faults (default S/4)
 #   --fault-every  a server fault every F seconds on average (default 15):
@@ -24,6 +24,11 @@
 #                  stops, TCP connections are counted only
 #   --netns        server and client in two network namespaces joined by a
 #                  veth pair (two hosts), instead of loopback
+#   --defaults     the plugin's defaults: connections start on TCP and move
+#                  to RDMA (TF_RDMA_TCP_FIRST). The checks on TCP then
+#                  count the connections that never moved instead; without
+#                  it the clients wait for RDMA CM, so that every
+#                  connection rides RDMA from its start
 #
 # The client's own faults (cancelled calls, deadlines too short) and its
 # checks are soak_client's. After the client: the server must hold no
@@ -42,6 +47,7 @@
 set -u
 
 BUILD="" SECONDS_RUN=60 QUIET="" FAULT_EVERY=15 FAULTS=kill,stop WORKERS=4 SEED=$RANDOM NETNS=0
+DEFAULTS=0
 THREAD_SLACK=${SOAK_THREAD_SLACK:-0}
 case $THREAD_SLACK in ''|*[!0-9]*) echo "run_soak.sh: SOAK_THREAD_SLACK='$THREAD_SLACK' is not a number" >&2; exit 2 ;; esac
 while [ $# -gt 0 ]; do
@@ -54,7 +60,8 @@ while [ $# -gt 0 ]; do
     --workers) WORKERS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
     --netns) NETNS=1; shift ;;
-    *) echo "usage: $0 --build BUILD_DIR [--seconds S] [--quiet Q] [--fault-every F] [--faults LIST] [--workers N] [--seed X] [--netns]" >&2
+    --defaults) DEFAULTS=1; shift ;;
+    *) echo "usage: $0 --build BUILD_DIR [--seconds S] [--quiet Q] [--fault-every F] [--faults LIST] [--workers N] [--seed X] [--netns] [--defaults]" >&2
        exit 2 ;;
   esac
 done
@@ -74,9 +81,10 @@ esac
 SERVER_TOOL=$BUILD/tests/grpc/echo_tool
 CLIENT_TOOL=$BUILD/tests/grpc/soak_client
 LIB=$BUILD/src/glue/libgrpc_rdma.so
-# It checks that every connection rides RDMA from its start, after each
-# restart too: its clients wait for RDMA CM instead of starting on TCP.
-export TF_RDMA_TCP_FIRST=0
+# Unless --defaults: it checks that every connection rides RDMA from its
+# start, after each restart too, so its clients wait for RDMA CM instead of
+# starting on TCP.
+if [ "$DEFAULTS" = 1 ]; then unset TF_RDMA_TCP_FIRST; else export TF_RDMA_TCP_FIRST=0; fi
 RUN=$BUILD/softverbs/softverbs-run
 for f in "$SERVER_TOOL" "$CLIENT_TOOL" "$LIB" "$RUN"; do
   [ -e "$f" ] || { echo "FAIL soak: $f is missing (build the tree first)"; exit 1; }
@@ -292,9 +300,13 @@ cstat() {
   python3 -c "import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])" "$1" "$2" 2>/dev/null
 }
 tcp=$(cstat "$TMP/client.stats" tcp_client_connections)
+moved=$(cstat "$TMP/client.stats" tcp_first_moved)
 echo "soak: client connections: $(cstat "$TMP/client.stats" rdma_client_connections) RDMA," \
-     "${tcp:-?} TCP ($(cstat "$TMP/client.stats" fallbacks) fallbacks, of which" \
-     "$(cstat "$TMP/client.stats" fallbacks_remembered) remembered)"
+     "${tcp:-?} TCP, ${moved:-?} of them moved to RDMA ($(cstat "$TMP/client.stats" fallbacks)" \
+     "fallbacks, of which $(cstat "$TMP/client.stats" fallbacks_remembered) remembered)"
+# With the defaults every connection starts on TCP: those that stayed
+# there (never moved) are what the checks below count.
+[ "$DEFAULTS" = 1 ] && [ -n "$tcp" ] && [ -n "$moved" ] && tcp=$(( tcp - moved ))
 # Without stops, no address may be remembered as TCP-only, and TCP carries
 # only connections whose RDMA attempt raced a restart (refused before the
 # server was up, TCP tried after): at most one per worker per kill.
@@ -322,7 +334,13 @@ fds0=$(server_fds) thr0=$(server_threads) rss0=$(server_rss_kb)
 check_log client2.err
 tail -n 1 "$TMP/client2.out"
 tcp=$(cstat "$TMP/client2.stats" tcp_client_connections)
-[ "$tcp" = 0 ] || die "the second client made ${tcp:-?} TCP connections: new clients must still ride RDMA"
+if [ "$DEFAULTS" = 1 ]; then
+  moved=$(cstat "$TMP/client2.stats" tcp_first_moved)
+  [ -n "$tcp" ] && [ -n "$moved" ] && [ "$moved" -ge 1 ] && [ "$tcp" = "$moved" ] ||
+    die "the second client's connections: ${tcp:-?} started on TCP, ${moved:-?} moved to RDMA: every one must move"
+else
+  [ "$tcp" = 0 ] || die "the second client made ${tcp:-?} TCP connections: new clients must still ride RDMA"
+fi
 wait_idle 15 || die "the server kept connections or pinned memory after the second client"
 fds1="" thr1=""
 for _ in $(seq 1 150); do
