@@ -10,7 +10,9 @@
 //  - a plaintext stream that carries no token is joined by no one: one that
 //    names it is closed at once;
 //  - wrong tokens one after another are each refused at once but logged
-//    once per 10 s, not each time.
+//    once per 10 s, not each time;
+//  - a joined stream's token, sent again, joins nothing;
+//  - at most four RDMA connections wait for one stream's head.
 // The TCP connections are the test's own sockets, which write what a
 // TF_RDMA_TCP_FIRST client's gRPC writes first: HTTP/2's preface, a SETTINGS
 // frame and the join token's frame (src/glue/switch_endpoint.h).
@@ -29,6 +31,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "echo_service.h"
 #include "engine/engine.h"
@@ -236,6 +239,69 @@ TEST_F(Join, AWrongTokenThatCameFirstKeepsNoOneOut) {
   EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "the wrong token was not refused";
   EXPECT_LT(o.after.count(), 3000) << "the wrong token was held, not refused with the stream's head";
   (*wrong)->Shutdown(absl::CancelledError("test over"));
+  (*right)->Shutdown(absl::CancelledError("test over"));
+}
+
+TEST_F(Join, TheSameTokenAgainAfterTheJoinIsNotJoined) {
+  const std::string token = "0123456789abcdef";
+  sockaddr_in tcp = TcpWriting(PrefaceAndSettings() + TokenFrame(token));
+  auto first = ConnectJoining(tcp, token);
+  ASSERT_TRUE(first.ok()) << first.status();
+  Outcome o = FirstBytes(*first, std::chrono::seconds(30));
+  ASSERT_TRUE(o.ended.ok()) << "the stream's token did not join: " << o.ended;
+  ASSERT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
+  // The stream is joined: one more naming it, its token copied, is met as
+  // one naming a connection the server does not know (held, then closed).
+  SteadyClock::time_point started = SteadyClock::now();
+  auto again = ConnectJoining(tcp, token);
+  if (again.ok()) {
+    o = FirstBytes(*again, std::chrono::seconds(30), started);
+    EXPECT_TRUE(o.bytes.empty()) << "a joined stream was joined again";
+    EXPECT_FALSE(o.ended.ok());
+    EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "held for over 30 s";
+    EXPECT_GE(o.after.count(), 3000) << "closed before its wait was over: " << o.ended;
+    (*again)->Shutdown(absl::CancelledError("test over"));
+  } else {
+    ADD_FAILURE() << "the server did not accept the second RDMA connection: " << again.status();
+  }
+  (*first)->Shutdown(absl::CancelledError("test over"));
+}
+
+// At most kMaxEarlyPerStream (4, src/glue/server.cc) RDMA connections wait
+// for one stream's head; one more is closed at once. The stream then still
+// joins its own token.
+TEST_F(Join, AtMostFourWaitForOneStreamAndItStillJoinsItsOwn) {
+  const std::string token = "0123456789abcdef";
+  sockaddr_in tcp{};
+  int fd = BoundSocket(&tcp);
+  std::vector<ConnPtr> waiting;
+  for (int i = 0; i < 4; ++i) {
+    auto c = ConnectJoining(tcp, std::string(16, static_cast<char>('a' + i)));
+    ASSERT_TRUE(c.ok()) << "wrong token " << i << ": " << c.status();
+    waiting.push_back(*c);
+  }
+  // The server takes them in on its own RDMA CM events, which may come
+  // after the client's: let it, so that all four wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  Outcome o = RefusedOne([&] { return ConnectJoining(tcp, std::string(16, 'e')); });
+  EXPECT_TRUE(o.bytes.empty()) << "a fifth connection for one stream was joined";
+  EXPECT_FALSE(o.ended.ok()) << "a fifth connection for one stream was kept";
+  EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "held for over 30 s";
+  EXPECT_LT(o.after.count(), 3000) << "a fifth connection waited, not closed at once";
+
+  ConnectAndWrite(fd, PrefaceAndSettings() + TokenFrame(token));
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    o = FirstBytes(waiting[i], std::chrono::seconds(30));
+    EXPECT_TRUE(o.bytes.empty()) << "wrong token " << i << " was joined";
+    EXPECT_FALSE(absl::IsDeadlineExceeded(o.ended)) << "wrong token " << i << " not refused";
+    EXPECT_LT(o.after.count(), 3000) << "wrong token " << i << " held, not refused with the head";
+    waiting[i]->Shutdown(absl::CancelledError("test over"));
+  }
+  auto right = ConnectJoining(tcp, token);
+  ASSERT_TRUE(right.ok()) << right.status();
+  o = FirstBytes(*right, std::chrono::seconds(30));
+  ASSERT_TRUE(o.ended.ok()) << "the stream's own token did not join after the refusals: " << o.ended;
+  EXPECT_EQ(o.bytes.substr(0, 8), "GRDMASW1");
   (*right)->Shutdown(absl::CancelledError("test over"));
 }
 
