@@ -232,11 +232,14 @@ void Runtime::ForgetFailure(const std::string& key) {
 }
 
 bool Runtime::RecentlyUnjoined(const std::string& key) {
+  // TF_RDMA_FALLBACK_TTL_S=0 asks that RDMA be tried every time; for an
+  // address that joins none, trying RDMA is starting on it, so the memory
+  // then keeps the default's 30 s.
+  const int ttl_s = options_.fallback_ttl_s > 0 ? options_.fallback_ttl_s : 30;
   std::lock_guard<std::mutex> g(mu_);
   auto it = unjoined_.find(key);
   if (it == unjoined_.end()) return false;
-  if (std::chrono::steady_clock::now() - it->second >=
-      std::chrono::seconds(options_.fallback_ttl_s)) {
+  if (std::chrono::steady_clock::now() - it->second >= std::chrono::seconds(ttl_s)) {
     unjoined_.erase(it);
     return false;
   }
@@ -244,7 +247,6 @@ bool Runtime::RecentlyUnjoined(const std::string& key) {
 }
 
 void Runtime::RememberUnjoined(const std::string& key) {
-  if (options_.fallback_ttl_s == 0) return;
   std::lock_guard<std::mutex> g(mu_);
   unjoined_[key] = std::chrono::steady_clock::now();
 }

@@ -66,7 +66,8 @@ class Runtime {
   // A server that listens on RDMA CM but joined no TCP-first connection of
   // ours (its TF_RDMA_TCP_FIRST off, or a grpc-rdma from before joins):
   // its address's next connections start on RDMA instead, for
-  // TF_RDMA_FALLBACK_TTL_S seconds (0: not remembered).
+  // TF_RDMA_FALLBACK_TTL_S seconds (30 when that is 0, which asks for RDMA
+  // to be tried every time).
   bool RecentlyUnjoined(const std::string& key);
   void RememberUnjoined(const std::string& key);
 
