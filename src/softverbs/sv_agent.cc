@@ -29,7 +29,7 @@ void Runtime::StartAgent() {
     ev.events = EPOLLIN;
     wake_tag_ = new EpollTag{EpollTag::kWake, nullptr, wake_fd_};
     ev.data.ptr = wake_tag_;
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    EpollCtl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     std::thread([this] {
       pthread_setname_np(pthread_self(), "softverbs-agent");  // for top, gdb, perf
       MarkAgentThread();  // its CPU time is the device's already
@@ -51,13 +51,11 @@ void Runtime::Watch(int fd, EpollTag* tag, bool want_out) {
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET | (want_out ? static_cast<uint32_t>(EPOLLOUT) : 0u);
   ev.data.ptr = tag;
   tag->events = ev.events;
-  epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+  EpollCtl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
 void Runtime::UpdateLinkWatch(Link* l) {
   if (epfd_ < 0) return;
-  const uint32_t in =
-      l->delegated_to == nullptr || !l->agent_masked ? static_cast<uint32_t>(EPOLLIN) : 0u;
   auto mod = [&](int fd, uint32_t events) {
     auto it = tags_.find(fd);
     if (fd < 0 || it == tags_.end() || it->second->events == events) return;
@@ -65,21 +63,15 @@ void Runtime::UpdateLinkWatch(Link* l) {
     ev.events = events;
     ev.data.ptr = it->second;
     it->second->events = events;
-    epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev);
+    EpollCtl(epfd_, EPOLL_CTL_MOD, fd, &ev);
   };
   bool out = l->state != LinkState::kUp || l->shm == nullptr || !l->ctl_out.empty();
-  // With a doorbell socket of its own, a shared-memory link's TCP socket
-  // is quiet (the peer's death, or doorbells from a peer without a
-  // datagram socket): the agent keeps watching it, so masking and
-  // unmasking a delegated link costs one epoll_ctl call, not two.
-  const bool fd_quiet = l->shm != nullptr && l->db_fd >= 0 && l->state == LinkState::kUp;
-  mod(l->fd, EPOLLRDHUP | EPOLLET | (fd_quiet ? static_cast<uint32_t>(EPOLLIN) : in) |
-                 (out ? static_cast<uint32_t>(EPOLLOUT) : 0u));
-  mod(l->db_fd, EPOLLET | in);
+  mod(l->fd, EPOLLRDHUP | EPOLLET | EPOLLIN | (out ? static_cast<uint32_t>(EPOLLOUT) : 0u));
+  mod(l->db_fd, EPOLLET | EPOLLIN);
 }
 
 void Runtime::Unwatch(int fd) {
-  if (epfd_ >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+  if (epfd_ >= 0) EpollCtl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
   auto it = tags_.find(fd);
   if (it != tags_.end()) {
     it->second->dead = true;
@@ -226,10 +218,8 @@ void Runtime::AgentMain() {
   }
 }
 
-namespace {
-
 // Reads every doorbell waiting on a datagram socket, a batch per call.
-void DrainDoorbells(int fd) {
+int DrainDoorbells(int fd) {
   constexpr unsigned kBatch = 16;
   char byte[kBatch];
   iovec v[kBatch];
@@ -240,11 +230,13 @@ void DrainDoorbells(int fd) {
     m[i].msg_hdr.msg_iov = &v[i];
     m[i].msg_hdr.msg_iovlen = 1;
   }
-  while (recvmmsg(fd, m, kBatch, MSG_DONTWAIT, nullptr) == static_cast<int>(kBatch)) {
+  int total = 0, n;
+  while ((n = recvmmsg(fd, m, kBatch, MSG_DONTWAIT, nullptr)) > 0) {
+    total += n;
+    if (n < static_cast<int>(kBatch)) break;
   }
+  return total;
 }
-
-}  // namespace
 
 void HandleLinkEvent(Link* l, uint32_t events, int fired) {
   if (l->state == LinkState::kDead) return;
@@ -275,11 +267,13 @@ void HandleLinkEvent(Link* l, uint32_t events, int fired) {
   if (l->state != LinkState::kUp) return;
   if (l->shm != nullptr) {
     // Only doorbells and EOF arrive on the sockets in this mode: doorbells
-    // on the datagram socket, EOF (and the doorbells of a peer without a
-    // datagram socket) on the TCP socket. Each is read only when it may
-    // have something: a read that finds nothing is a system call for
-    // nothing, per message.
-    if (l->db_fd >= 0 && fired != l->fd) DrainDoorbells(l->db_fd);
+    // on the datagram sockets (the agent's, or the waiter's: a thread woken
+    // through a completion channel), EOF (and the doorbells of a peer
+    // without a datagram socket) on the TCP socket. Each is read only when
+    // it may have something: a read that finds nothing is a system call
+    // for nothing, per message.
+    if (fired >= 0 && fired == l->wdb_fd) LinkDrainWaiterDoorbell(l);
+    else if (l->db_fd >= 0 && fired != l->fd) DrainDoorbells(l->db_fd);
     if (fired == l->fd || (fired < 0 && l->db_fd < 0)) {
       char buf[256];
       for (;;) {

@@ -292,6 +292,8 @@ struct Counter {
   std::atomic<uint64_t> ops{0}, bytes{0};
 };
 Counter g_tx[kMaxStatDevices][kStatNumOps];
+std::atomic<uint64_t> g_epoll_ctl{0};
+std::atomic<uint64_t> g_doorbells[2];  // the agent's, the waiter's
 Counter g_rx[kMaxStatDevices][kStatNumOps];
 const char* kOpNames[kStatNumOps] = {"SEND", "SEND_WITH_IMM", "RDMA_WRITE",
                                      "RDMA_WRITE_WITH_IMM", "RDMA_READ", "RECV",
@@ -319,6 +321,11 @@ void DumpStats() {
   if (out.empty()) {
     out = "softverbs-stats pid=" + std::to_string(getpid()) + " no traffic\n";
   }
+  out += "softverbs-stats pid=" + std::to_string(getpid()) +
+         " sys=epoll_ctl calls=" + std::to_string(g_epoll_ctl.load()) + "\n";
+  out += "softverbs-stats pid=" + std::to_string(getpid()) + " doorbells agent=" +
+         std::to_string(g_doorbells[0].load()) + " waiter=" + std::to_string(g_doorbells[1].load()) +
+         "\n";
   if (c.stats == "stderr") {
     (void)!write(2, out.data(), out.size());
     return;
@@ -332,6 +339,13 @@ void DumpStats() {
   close(fd);
 }
 }  // namespace
+
+void CountDoorbell(bool waiter) { g_doorbells[waiter ? 1 : 0].fetch_add(1, std::memory_order_relaxed); }
+
+int EpollCtl(int epfd, int op, int fd, epoll_event* ev) {
+  g_epoll_ctl.fetch_add(1, std::memory_order_relaxed);
+  return epoll_ctl(epfd, op, fd, ev);
+}
 
 void CountTx(int dev, StatOp op, uint64_t bytes) {
   if (dev < 0 || dev >= kMaxStatDevices) return;

@@ -3,9 +3,10 @@
 // A completion channel's fd is pollable, honours O_NONBLOCK and a thread
 // blocked in ibv_get_cq_event can be cancelled, as with the kernel's. It is
 // an epoll set (see CompChannel in sv_internal.h): the event tokens' socket,
-// plus the doorbells of the wires whose completions it reports, from their
-// CQ's first arm on, so the waiting thread is woken by the peer's doorbell
-// itself (while the CQ is armed the agent does not watch them).
+// plus the waiter doorbells of the wires whose completions it reports, from
+// their CQ's first arm on, so the waiting thread is woken by the peer's
+// doorbell itself (which the peer rings instead of the agent's while the CQ
+// is armed).
 #include <fcntl.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -23,13 +24,13 @@ namespace {
 // A QP's wire may wake the channel's waiter when both of the QP's CQs
 // report to that channel: whatever the frames complete, the waiter is the
 // one to hear of it.
-// Shared-memory wires only: their sockets carry nothing but doorbells and
-// EOF, which moving the wire always reads, so the waiter never spins on a
-// socket left readable (a TCP wire's data stays unread while the receiver
-// waits for a posted receive or a delay knob holds it).
+// Shared-memory wires with a waiter doorbell only: its socket carries
+// nothing but doorbells, which moving the wire always reads, so the waiter
+// never spins on a socket left readable (a TCP wire's data stays unread
+// while the receiver waits for a posted receive or a delay knob holds it).
 bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
   const Link* l = qp->link;
-  return l != nullptr && l->state == LinkState::kUp && l->shm != nullptr && l->fd >= 0 &&
+  return l != nullptr && l->state == LinkState::kUp && l->shm != nullptr && l->wdb_fd >= 0 &&
          qp->scq != nullptr &&
          qp->rcq != nullptr && qp->scq->cq.channel == ch && qp->rcq->cq.channel == ch;
 }
@@ -49,27 +50,21 @@ bool DelegableTo(const Qp* qp, const ibv_comp_channel* ch) {
 constexpr uint64_t kWaiterMovesAtMost = 64 * 1024;
 constexpr uint64_t kWaiterFrameAtMost = 576 * 1024;
 
-// Caller holds Runtime::mu.
+// Caller holds Runtime::mu. The peer rings the waiter's doorbell from now
+// until the CQ's event (or more work than a waiter takes) clears the word.
+// The TCP socket and the agent's doorbell stay with the agent: the TCP
+// socket carries the peer's death, which the agent handles.
 void LinkDelegate(Link* l, CompChannel* ch) {
-  if (l->delegated_to == ch) {
-    if (!l->agent_masked) {  // still in the channel's set: only the agent's watch changes
-      l->agent_masked = true;
-      Runtime::Get().UpdateLinkWatch(l);
-    }
-    return;
+  if (l->delegated_to != ch) {
+    LinkUndelegate(l);
+    epoll_event ev{};
+    ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
+    if (EpollCtl(ch->ch.fd, EPOLL_CTL_ADD, l->wdb_fd, &ev) != 0) return;
+    l->delegated_to = ch;
+    ch->delegated.push_back(l);
+    ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
   }
-  LinkUndelegate(l);
-  // The doorbell socket, or the TCP socket when the doorbells come through
-  // it. With a doorbell socket the TCP socket stays with the agent alone:
-  // it carries the peer's death, which the agent handles.
-  epoll_event ev{};
-  ev.events = EPOLLIN;  // level-triggered: wakes until the doorbell is read
-  if (epoll_ctl(ch->ch.fd, EPOLL_CTL_ADD, l->db_fd >= 0 ? l->db_fd : l->fd, &ev) != 0) return;
-  l->delegated_to = ch;
-  l->agent_masked = true;
-  ch->delegated.push_back(l);
-  ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
-  Runtime::Get().UpdateLinkWatch(l);
+  LinkSetWaiter(l, true);
 }
 
 }  // namespace
@@ -85,10 +80,8 @@ void LinkUndelegate(Link* l) {
   CompChannel* ch = l->delegated_to;
   if (ch == nullptr) return;
   l->delegated_to = nullptr;
-  l->agent_masked = false;
-  int fd = l->db_fd >= 0 ? l->db_fd : l->fd;  // as LinkDelegate chose
-  if (fd >= 0) epoll_ctl(ch->ch.fd, EPOLL_CTL_DEL, fd, nullptr);
-  Runtime::Get().UpdateLinkWatch(l);
+  LinkSetWaiter(l, false);
+  if (l->wdb_fd >= 0) EpollCtl(ch->ch.fd, EPOLL_CTL_DEL, l->wdb_fd, nullptr);
   ch->delegated.erase(std::remove(ch->delegated.begin(), ch->delegated.end(), l),
                       ch->delegated.end());
   ch->n_delegated.store(static_cast<int>(ch->delegated.size()), std::memory_order_relaxed);
@@ -112,21 +105,30 @@ void PushCqe(Cq* cq, const ibv_wc& wc, bool solicited) {
   }
   if (notify) {
     // The CQ is disarmed: its owner will poll before it arms again, so the
-    // agent watches the doorbells again (a program that takes an event and
-    // then leaves its QPs alone is served at once, as by an HCA). They
-    // stay in the channel's set too, so the next arm only masks them from
-    // the agent again: two epoll_ctl calls each way instead of four (a
-    // doorbell while disarmed may also wake a thread waiting on the
-    // channel, which then finds no event).
+    // peers ring the agent again (a program that takes an event and then
+    // leaves its QPs alone is served at once, as by an HCA). Doorbells
+    // rung for the waiter meanwhile are read now: left, they would wake
+    // the channel's next wait for nothing.
+    bool wake = false;
     for (Qp* qp : cq->qps) {
       Link* l = qp->link;
       if (l == nullptr) continue;
-      if (l->delegated_to != nullptr && l->agent_masked) {
-        l->agent_masked = false;
-        Runtime::Get().UpdateLinkWatch(l);
+      if (l->delegated_to != nullptr) {
+        // The agent takes what is behind this frame, beside the thread
+        // that handles this event: frames that rang the waiter while the
+        // caller moved this one (when the agent's doorbell and the
+        // waiter's were one socket, the agent was woken for them), or, at
+        // a receive, a message of up to kWaiterFrameAtMost already on its
+        // way. Not for a bulk WRITE placed by the peer: it leaves nothing
+        // to copy here, and an agent woken for it only takes a core from
+        // the peer placing the next one (docs/performance.md).
+        bool rung = LinkSetWaiter(l, false);
+        wake |= !OnAgentThread() &&
+                (rung || ((wc.opcode & IBV_WC_RECV) && LinkRxNextIsMessage(l, kWaiterFrameAtMost)));
       }
       if (qp->scq == cq) LinkSetLazyAcks(l, false);
     }
+    if (wake) Runtime::Get().Wake();
     auto* ch = reinterpret_cast<CompChannel*>(cq->cq.channel);
     if (tls_driving == ch && tls_direct_event == nullptr) {
       tls_direct_event = &cq->cq;
@@ -305,12 +307,13 @@ ibv_cq* DriveDelegated(CompChannel* ch, bool direct) {
     if (l->delegated_to != ch) continue;
     l->rx_budget = kWaiterMovesAtMost;
     l->rx_frame_max = kWaiterFrameAtMost;
-    HandleLinkEvent(l, EPOLLIN);
+    HandleLinkEvent(l, EPOLLIN, l->wdb_fd);
     l->rx_budget = l->rx_frame_max = UINT64_MAX;
     if (l->delegated_to == ch && (LinkHasRxData(l) || (l->in_payload && !l->in_begun))) {
       // More frames in the ring (their doorbells are read), or a frame
-      // left to the agent whose payload is still to come: the agent's.
-      LinkUndelegate(l);
+      // left to the agent whose payload is still to come: the agent's,
+      // and so are the doorbells, until the next arm.
+      LinkSetWaiter(l, false);
       rt.Wake();
     }
   }
@@ -412,7 +415,7 @@ ibv_comp_channel* ibv_create_comp_channel(ibv_context* context) {
   int ep = epoll_create1(EPOLL_CLOEXEC);
   epoll_event ev{};
   ev.events = EPOLLIN;
-  if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, sv[0], &ev) != 0) {
+  if (ep < 0 || EpollCtl(ep, EPOLL_CTL_ADD, sv[0], &ev) != 0) {
     int e = errno;
     if (ep >= 0) close(ep);
     close(sv[0]);

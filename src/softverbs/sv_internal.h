@@ -23,6 +23,7 @@
 
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <rdma/rdma_cma.h>
 #include <sys/uio.h>
 
@@ -117,6 +118,12 @@ class DeviceWork {
 void MarkAgentThread();
 bool OnAgentThread();
 
+// epoll_ctl, counted: SOFTVERBS_STATS reports the calls (the data path
+// makes none; connections and channels make a few each).
+int EpollCtl(int epfd, int op, int fd, epoll_event* ev);
+// A doorbell rung: to the peer's agent or to its waiter (SOFTVERBS_STATS).
+void CountDoorbell(bool waiter);
+
 // --------------------------------------------------------------- objects ---
 
 struct Device {
@@ -165,13 +172,15 @@ struct Link;
 // socketpair (rfd/wfd), one per event; the events themselves (which CQ)
 // wait in `events`, so a CQ's unread events can be taken back when it is
 // destroyed. The fd the application sees, ch.fd, is an epoll set holding
-// rfd and, from the first arm of one of the channel's CQs on, the doorbell
-// sockets of the links of its QPs ("delegated" links; masked from the
-// agent's set only while the CQ is armed): a frame that rings the doorbell
-// then wakes the thread waiting on the channel directly, and that thread
-// moves the frame itself in ibv_get_cq_event, instead of waiting behind the
-// agent thread's own wake-up (the agent still wakes and may get there
-// first; whoever takes Runtime::mu first moves the frame).
+// rfd and, from the first arm of one of the channel's CQs on, the waiter
+// doorbells (Link::wdb_fd) of the links of its QPs ("delegated" links),
+// which stay in it until the link or the channel goes. Arming a CQ sets a
+// word in each such link's receive ring (LinkSetWaiter) and its event
+// clears it: while it is set the peer rings the waiter's doorbell instead
+// of the agent's, so a frame wakes the thread waiting on the channel
+// directly, and that thread moves the frame itself in ibv_get_cq_event,
+// instead of waiting behind the agent thread's own wake-up. Neither arm
+// nor event changes an epoll set: a store each in shared memory.
 struct CompChannel {
   ibv_comp_channel ch;
   int rfd = -1, wfd = -1;
@@ -304,8 +313,13 @@ struct Link {
   // name. Much cheaper to ring than a byte through TCP loopback; the TCP
   // socket stays for the handshake and the peer's death (EOF), and carries
   // the doorbells if the datagram path is not there.
+  // A second one, the waiter's doorbell (its name's side in capitals), is
+  // watched by no agent: a completion channel's set holds it while the
+  // link is delegated to the channel (see CompChannel).
   int db_fd = -1;
-  std::string db_peer;  // abstract address, leading NUL included
+  int wdb_fd = -1;
+  std::string db_peer;   // abstract address, leading NUL included
+  std::string wdb_peer;  // the peer's waiter doorbell
   bool db_peer_ok = false;
   // outbound
   Ring<OutFrame> out;
@@ -343,10 +357,6 @@ struct Link {
   int connect_error = 0;      // errno of a failed connect()
   bool cm_listener_side = false;
   CompChannel* delegated_to = nullptr;  // see CompChannel
-  // Delegated and its CQ armed: the agent does not watch the doorbell.
-  // Cleared by the CQ's event (the agent watches again; the doorbell stays
-  // in the channel's set), set again by the next arm.
-  bool agent_masked = false;
   // One copy (sv_onecopy.cc). As responder: the MRs shared with the peer,
   // rkey -> the share's generation and slot. As requester: the peer's MRs
   // we may place into, the files they live in (each mapped whole, once per
@@ -494,9 +504,8 @@ class Runtime {
   // retirement, so a batch in flight never sees a freed tag.
   void Watch(int fd, EpollTag* tag, bool want_out);
   void Unwatch(int fd);
-  // Sets what wakes the agent for a link's fd: input unless the link is
-  // delegated to a completion channel (see CompChannel; hang-ups always),
-  // and writability only while something may wait for it (connecting, the
+  // Sets what wakes the agent for a link's fd: input and hang-ups, and
+  // writability only while something may wait for it (connecting, the
   // handshake, TCP-mode data, unsent control bytes): an edge-triggered
   // EPOLLOUT on a shared-memory link's doorbell socket fires whenever the
   // peer's doorbell acknowledges ours, a wake-up for nothing.
@@ -658,6 +667,12 @@ bool LinkSetupShmAcceptor(Link* l, const std::string& name, uint64_t nonce);
 void LinkShmConfirmed(Link* l, bool ok);  // initiator: peer's answer
 void LinkSetSleeping(Link* l, bool sleeping);
 bool LinkAgentSleeping(Link* l);  // what LinkSetSleeping last said
+// Whose doorbell the peer rings for this link's receive ring: the
+// waiter's (a completion channel's, see CompChannel) or the agent's.
+// Handing it back to the agent reads what the waiter's socket holds, and
+// says whether it held any doorbell.
+bool LinkSetWaiter(Link* l, bool waiter);
+void LinkDrainWaiterDoorbell(Link* l);  // what the waiter's socket holds
 // Progress on poll: a consumer that keeps polling needs no doorbells; the
 // agent then wakes every millisecond in case the poller stops.
 constexpr uint64_t kPollGraceUs = 50;
@@ -668,6 +683,9 @@ void LinkForgetPolls(Link* l);  // the consumer stopped polling (armed its CQ)
 void LinkSetLazyAcks(Link* l, bool lazy);
 bool LinkRecentlyPolled(Link* l, uint64_t now);
 bool LinkHasRxData(Link* l);
+bool LinkRxNextIsMessage(Link* l, uint64_t at_most);
+// Between frames, the receive ring begins with a SEND or WRITE of at most
+// `at_most` bytes (copied through the ring, or placed).
 
 // ------------------------------------- sv_handshake.cc: handshakes ---
 // Caller holds Runtime::mu.
@@ -706,6 +724,9 @@ struct ShmOffer {
 // through a completion channel, which sees only that one of the channel's
 // descriptors is ready).
 void HandleLinkEvent(Link* l, uint32_t events, int fired = -1);
+// Reads every doorbell waiting on one of a link's datagram sockets; how
+// many there were.
+int DrainDoorbells(int fd);
 
 // ----------------------------- sv_runtime.cc: runtime, fork, CM hooks ---
 

@@ -30,12 +30,27 @@ struct ShmRing {
   // a doorbell (it completes sends, which raise no event; whoever looks at
   // the ring next takes it, as an HCA writes such a CQE and wakes nobody).
   std::atomic<uint32_t> lazy_acks;
+  // Set by the consumer while a thread of its is to be woken through a
+  // completion channel (its CQs armed, the wire's waiter doorbell in the
+  // channel's set: sv_cq.cc): producers then ring that doorbell instead of
+  // the agent's. Zero from older peers, which never set it (the word was
+  // padding): their consumers are always rung through their agent.
+  std::atomic<uint32_t> ring_waiter;
   // When an application last polled this ring from ibv_poll_cq: while it
   // keeps polling, producers need not ring the doorbell.
   std::atomic<uint64_t> consumer_polled_us;
   uint64_t size;
   uint64_t data_off;
+  // Set by the producer before it rings the waiter's doorbell, taken by
+  // the consumer when it hands the ring back to the agent: only then is
+  // the waiter's socket read (most events find it empty, and a read that
+  // finds nothing is a system call for nothing). Older peers: padding.
+  std::atomic<uint32_t> waiter_rung;
 };
+// ring_waiter and waiter_rung took padding: everything else stays where it was.
+static_assert(offsetof(ShmRing, ring_waiter) == 140 && offsetof(ShmRing, consumer_polled_us) == 144 &&
+                  offsetof(ShmRing, waiter_rung) == 168 && sizeof(ShmRing) == 192,
+              "wire layout");
 
 namespace {
 
@@ -171,27 +186,42 @@ std::string DoorbellName(uint64_t nonce, char side) {
   return std::string(name, static_cast<size_t>(n));
 }
 
-// Our doorbell socket for side `side` ('i' initiator, 'a' acceptor); -1
-// when it cannot be had (the TCP socket then carries the doorbells).
-void OpenDoorbell(Link* l, char side) {
-  if (side == 'a' && !GetConfig().acceptor_doorbell) {
-    Trace("doorbell socket: off (SOFTVERBS_ACCEPTOR_DOORBELL=0); doorbells go through TCP");
-    return;
-  }
+// A datagram socket bound to the abstract name of `side`'s doorbell; -1
+// when it cannot be had.
+int BindDoorbell(uint64_t nonce, char side) {
   int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;
-  std::string name = DoorbellName(l->shm_nonce, side);
+  if (fd < 0) return -1;
+  std::string name = DoorbellName(nonce, side);
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
   memcpy(a.sun_path, name.data(), name.size());
   if (bind(fd, reinterpret_cast<sockaddr*>(&a),
            static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size())) != 0) {
-    Trace("doorbell socket: %s; doorbells go through TCP", strerror(errno));
+    Trace("doorbell socket: %s", strerror(errno));
     close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Our doorbell sockets for side `side` ('i' initiator, 'a' acceptor): the
+// agent's ('i', 'a'), and the waiter's ('I', 'A'), which only a completion
+// channel's set holds (sv_cq.cc). No agent's socket: the TCP socket
+// carries the doorbells. No waiter's: the wire's doorbells always wake the
+// agent (the channel's waiter hears from it).
+void OpenDoorbell(Link* l, char side) {
+  if (side == 'a' && !GetConfig().acceptor_doorbell) {
+    Trace("doorbell socket: off (SOFTVERBS_ACCEPTOR_DOORBELL=0); doorbells go through TCP");
     return;
   }
-  l->db_fd = fd;
+  l->db_fd = BindDoorbell(l->shm_nonce, side);
+  if (l->db_fd < 0) {
+    Trace("doorbells go through TCP");
+    return;
+  }
+  l->wdb_fd = BindDoorbell(l->shm_nonce, side == 'i' ? 'I' : 'A');
   l->db_peer = DoorbellName(l->shm_nonce, side == 'i' ? 'a' : 'i');
+  l->wdb_peer = DoorbellName(l->shm_nonce, side == 'i' ? 'A' : 'I');
 }
 
 // Once the link uses shared memory: the agent watches our doorbell socket.
@@ -202,6 +232,8 @@ void WatchDoorbell(Link* l) {
 }
 
 void CloseDoorbell(Link* l) {
+  if (l->wdb_fd >= 0) close(l->wdb_fd);  // out of any channel's set already
+  l->wdb_fd = -1;
   if (l->db_fd < 0) return;
   Runtime::Get().Unwatch(l->db_fd);
   close(l->db_fd);
@@ -263,6 +295,8 @@ bool ShmSegmentPrepare(ShmSegment* out) {
     r.consumer_idle.store(0);
     r.producer_waiting.store(0);
     r.lazy_acks.store(0);
+    r.ring_waiter.store(0);
+    r.waiter_rung.store(0);
     r.consumer_polled_us.store(0);
     r.size = c.ring_bytes;
     r.data_off = kShmHeader + i * c.ring_bytes;
@@ -348,7 +382,8 @@ void LinkShmConfirmed(Link* l, bool ok) {
     munmap(l->shm, l->shm_size);
     l->shm = nullptr;
     if (l->db_fd >= 0) close(l->db_fd);
-    l->db_fd = -1;
+    if (l->wdb_fd >= 0) close(l->wdb_fd);
+    l->db_fd = l->wdb_fd = -1;
     return;
   }
   WatchDoorbell(l);
@@ -361,21 +396,43 @@ void LinkShmConfirmed(Link* l, bool ok) {
   l->rx_data = static_cast<char*>(l->shm) + kShmHeader + l->ring_size;
 }
 
+namespace {
+
+ssize_t RingName(int fd, const std::string& name) {
+  char b = 0;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  memcpy(a.sun_path, name.data(), name.size());
+  return sendto(fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
+                static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size()));
+}
+
+}  // namespace
+
 void LinkDoorbell(Link* l) {
   char b = 0;
   if (l->db_peer_ok) {
-    sockaddr_un a{};
-    a.sun_family = AF_UNIX;
-    memcpy(a.sun_path, l->db_peer.data(), l->db_peer.size());
-    ssize_t r = sendto(l->db_fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<sockaddr*>(&a),
-                       static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + l->db_peer.size()));
+    // The peer's waiter, when it says one is to be woken (the caller's
+    // fence, in ConsumerAsleep or before a space doorbell, orders this
+    // read after the ring's head or tail): the word is set before the
+    // waiter sleeps and cleared before its agent is to take over, so
+    // bytes written before a clear are seen by whoever clears it. A
+    // waiter's socket that is gone (the peer's link closing) falls back to
+    // the agent's.
+    if (l->tx->ring_waiter.load(std::memory_order_seq_cst) != 0) {
+      l->tx->waiter_rung.store(1, std::memory_order_seq_cst);
+      ssize_t r = RingName(l->db_fd, l->wdb_peer);
+      if (r == 1 || errno == EAGAIN) return CountDoorbell(true);
+    }
+    ssize_t r = RingName(l->db_fd, l->db_peer);
     // EAGAIN: the peer has doorbells unread already, which is enough.
-    if (r == 1 || errno == EAGAIN) return;
+    if (r == 1 || errno == EAGAIN) return CountDoorbell(false);
     Trace("link %s: doorbell socket: %s; doorbells go through TCP", l->peer_desc.c_str(),
           strerror(errno));
     l->db_peer_ok = false;
   }
   (void)!send(l->fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  CountDoorbell(false);
 }
 
 // The side that made the segment sends on ring[0] and owns slots[0].
@@ -395,6 +452,24 @@ uint64_t LinkTxHead(Link* l) {
 
 uint64_t LinkTxTail(Link* l) {
   return l->tx != nullptr ? l->tx->tail.load(std::memory_order_acquire) : 0;
+}
+
+void LinkDrainWaiterDoorbell(Link* l) {
+  if (l->wdb_fd < 0) return;
+  if (l->rx != nullptr) l->rx->waiter_rung.store(0, std::memory_order_seq_cst);
+  DrainDoorbells(l->wdb_fd);
+}
+
+bool LinkSetWaiter(Link* l, bool waiter) {
+  if (l == nullptr || l->rx == nullptr || l->state != LinkState::kUp) return false;
+  uint32_t was = l->rx->ring_waiter.exchange(waiter ? 1 : 0, std::memory_order_seq_cst);
+  // Handed back to the agent: a doorbell the waiter's socket still holds
+  // was rung for frames behind the ones the caller moved (or for those it
+  // moved, racing it); left there it would wake the channel's next wait
+  // for nothing, a thread wake-up per message.
+  if (was == 0 || waiter || l->wdb_fd < 0) return false;
+  return l->rx->waiter_rung.exchange(0, std::memory_order_seq_cst) != 0 &&
+         DrainDoorbells(l->wdb_fd) > 0;
 }
 
 void LinkSetLazyAcks(Link* l, bool lazy) {
@@ -425,6 +500,23 @@ void LinkSetSleeping(Link* l, bool sleeping) {
 bool LinkAgentSleeping(Link* l) {
   return l->rx != nullptr && l->state == LinkState::kUp &&
          l->rx->consumer_idle.load(std::memory_order_relaxed) != 0;
+}
+
+bool LinkRxNextIsMessage(Link* l, uint64_t at_most) {
+  if (l->rx == nullptr || l->state != LinkState::kUp) return false;
+  const uint64_t tail = l->rx->tail.load(std::memory_order_relaxed);
+  const uint64_t n = l->rx->head.load(std::memory_order_acquire) - tail;
+  // Between frames, the next one's header is at the tail. The peer writes
+  // the ring: what is read here is a hint for a wake-up, nothing more.
+  if (l->in_payload || l->in_hdr_got != 0 || n < sizeof(FrameHdr) || n > l->ring_size)
+    return false;
+  FrameHdr h;
+  const uint64_t at = tail & (l->ring_size - 1);
+  const uint64_t first = std::min<uint64_t>(sizeof(h), l->ring_size - at);
+  memcpy(&h, l->rx_data + at, first);
+  if (first < sizeof(h)) memcpy(reinterpret_cast<char*>(&h) + first, l->rx_data, sizeof(h) - first);
+  if (h.type != kFrameSend && h.type != kFrameWrite) return false;
+  return (h.flags & kFlagPlaced) ? h.aux <= at_most : h.len <= at_most;
 }
 
 bool LinkHasRxData(Link* l) {

@@ -3,6 +3,7 @@
 // its environment once per process.
 #include <gtest/gtest.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "sv_test_util.h"
 
@@ -160,6 +162,40 @@ int ScenarioStats() {
   return 0;  // counters are written at exit
 }
 
+// SOFTVERBS_STATS=<file>: rounds of arm, message, event on one wire, the
+// receiver asleep on its completion channel when the message comes (the
+// sender waits 2 ms after the arm). Prints "events=N".
+int ScenarioArmEvents() {
+  QpOptions o;
+  o.channel = true;
+  Pair p;
+  if (!p.Open(o)) return Fail("open");
+  constexpr int kRounds = 200;
+  int events = 0;
+  for (int i = 0; i < kRounds; ++i) {
+    if (PostRecv(p.b.qp, p.dst, 0, 64, i) != 0) return Fail("post recv");
+    if (ibv_req_notify_cq(p.b.cq, 0) != 0) return Fail("arm");
+    std::thread sender([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      PostSend(p.a.qp, IBV_WR_SEND, p.src, 0, 8, i);
+    });
+    pollfd pfd{p.b.channel->fd, POLLIN, 0};
+    ibv_cq* cq;
+    void* ctx;
+    bool got = poll(&pfd, 1, 10000) == 1 && ibv_get_cq_event(p.b.channel, &cq, &ctx) == 0;
+    sender.join();
+    if (!got) return Fail("no event within 10 s");
+    ibv_ack_cq_events(cq, 1);
+    ++events;
+    auto rx = PollN(p.b.cq, 1);
+    if (rx.size() != 1 || rx[0].status != IBV_WC_SUCCESS || rx[0].wr_id != static_cast<uint64_t>(i))
+      return Fail("the message");
+    if (PollN(p.a.cq, 1).size() != 1) return Fail("send completion");
+  }
+  printf("events=%d\n", events);
+  return 0;  // counters are written at exit
+}
+
 // Plain data exchange, for running over a chosen wire (SOFTVERBS_SHM=0).
 int ScenarioExchange() {
   Pair p;
@@ -259,24 +295,57 @@ TEST(Faults, SharedMemoryWireOnOneHost) {
   EXPECT_NE(out.find(" shm"), std::string::npos) << "the link used shared memory: " << out;
 }
 
-TEST(Counters, StatsAtExitCountOperationsAndBytes) {
+namespace {
+
+// Runs a scenario with SOFTVERBS_STATS=<a file>: the file's lines, and the
+// scenario's output in *out; "" if it failed (the failure is reported).
+std::string RunWithStats(const char* scenario, std::string* out) {
   char path[] = "/tmp/softverbs-stats-XXXXXX";
   int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
+  EXPECT_GE(fd, 0);
+  if (fd < 0) return "";
   close(fd);
-  std::string out;
-  ASSERT_EQ(RunSelf({std::string("SOFTVERBS_STATS=") + path}, {"--scenario", "stats"}, &out), 0)
-      << out;
+  int rc = RunSelf({std::string("SOFTVERBS_STATS=") + path}, {"--scenario", scenario}, out);
+  EXPECT_EQ(rc, 0) << *out;
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
-  std::string s = ss.str();
   unlink(path);
+  return rc == 0 ? ss.str() : "";
+}
+
+}  // namespace
+
+TEST(Counters, StatsAtExitCountOperationsAndBytes) {
+  std::string out;
+  std::string s = RunWithStats("stats", &out);
+  ASSERT_FALSE(s.empty());
   EXPECT_NE(s.find("dir=tx op=SEND ops=1 bytes=10"), std::string::npos) << s;
   EXPECT_NE(s.find("dir=tx op=RDMA_WRITE ops=1 bytes=1000"), std::string::npos) << s;
   EXPECT_NE(s.find("dir=tx op=RDMA_READ ops=1 bytes=500"), std::string::npos) << s;
   EXPECT_NE(s.find("dir=rx op=RECV ops=1 bytes=10"), std::string::npos) << s;
   EXPECT_NE(s.find("dir=rx op=RDMA_WRITE ops=1 bytes=1000"), std::string::npos) << s;
+}
+
+// Arming a CQ and its event change no epoll set: a store in the wire's
+// shared memory says whose doorbell to ring (the channel's waiter or the
+// agent). The process's epoll_ctl calls are those of setting the wire and
+// the channel up, not two per message, and the doorbells that woke the
+// sleeping receiver were its waiter's own.
+TEST(Counters, ArmAndEventMakeNoEpollCtlCallAndRingTheWaiter) {
+  std::string out;
+  std::string s = RunWithStats("arm-events", &out);
+  ASSERT_FALSE(s.empty());
+  EXPECT_NE(out.find("events=200"), std::string::npos) << out;
+  auto field = [&](const char* key) -> long {
+    size_t at = s.find(key);
+    return at == std::string::npos ? -1 : std::atol(s.c_str() + at + strlen(key));
+  };
+  long calls = field(" sys=epoll_ctl calls=");
+  long waiter = field(" waiter=");
+  EXPECT_GT(calls, 0) << s;
+  EXPECT_LT(calls, 50) << "200 arms and events: " << s;
+  EXPECT_GE(waiter, 100) << "the sleeping receiver's waiter was rung: " << s;
 }
 
 TEST(Counters, DeviceWorkOnApplicationThreadsIsKeptWhenAsked) {

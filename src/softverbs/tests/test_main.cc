@@ -13,6 +13,7 @@ int ScenarioDrop();
 int ScenarioDelay();
 int ScenarioSmallQueues();
 int ScenarioStats();
+int ScenarioArmEvents();
 int ScenarioExchange();
 int ScenarioListDevices();
 int ScenarioMemlock();
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
     if (s == "delay") return ScenarioDelay();
     if (s == "small-queues") return ScenarioSmallQueues();
     if (s == "stats") return ScenarioStats();
+    if (s == "arm-events") return ScenarioArmEvents();
     if (s == "exchange") return ScenarioExchange();
     if (s == "list-devices") return ScenarioListDevices();
     if (s == "memlock") return ScenarioMemlock();
